@@ -1,0 +1,307 @@
+"""Command line: ``checkpoint-sidecar {restore,sync,run,status,probe}``.
+
+Each command reads one validated :class:`~sidecar.config.Settings` (environment + flags) and then
+reads top-down: open the store, restore, mirror, stop. Errors are one line on stderr and a
+non-zero exit code, never a traceback:
+
+    0  success (status: in sync)        2  bad configuration or usage
+    1  runtime failure (store, restore)   75  stopped with changes still pending (sync)
+    status: 1 when not in sync; run: the child's own code (128+N for signal N)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+from typing import Any
+
+import anyio
+
+from sidecar import __version__, log
+from sidecar.config import ConfigError, Settings, load
+from sidecar.lifecycle import Shutdown, handle_signals
+from sidecar.paths import Root
+
+EXIT_OK, EXIT_FAIL, EXIT_CONFIG, EXIT_PENDING = 0, 1, 2, 75
+
+
+def _flag_map() -> list[tuple[str, str, dict[str, Any]]]:
+    return [
+        ("--store", "store", {"help": "file:///dir, a path, or https://<account>.blob.core.windows.net/<container>[/<prefix>]"}),
+        ("--roots", "roots", {"help": "comma-separated trees to mirror (default .checkpoints,.function_approvals)"}),
+        ("--prefix", "prefix", {"help": "namespace inside the store (one per agent session)"}),
+        ("--ignore", "ignore", {"help": "comma-separated basename globs never mirrored (default *.tmp,.sidecar-*)"}),
+        ("--concurrency", "concurrency", {"type": int, "help": "store operations in flight (default 16)"}),
+        ("--debounce-ms", "debounce_ms", {"type": int, "help": "watch batching window in ms (default 10)"}),
+        ("--reconcile-interval", "reconcile_interval", {"type": float, "help": "seconds between local rescans (default 30)"}),
+        ("--full-reconcile-interval", "full_reconcile_interval", {"type": float, "help": "seconds between store listings (default 3600)"}),
+        ("--drain-timeout", "drain_timeout", {"type": float, "help": "seconds to flush on shutdown (default 20)"}),
+        ("--max-file-size", "max_file_size", {"type": int, "help": "bytes; larger files are not mirrored"}),
+        ("--http-addr", "http_addr", {"help": "host:port for /livez /readyz /metrics ('' disables)"}),
+        ("--log-level", "log_level", {"help": "debug, info, warning, error"}),
+        ("--log-format", "log_format", {"help": "auto, json, text"}),
+    ]
+
+
+def _add_common(p: argparse.ArgumentParser, restore_flags: bool = True) -> None:
+    for flag, dest, kw in _flag_map():
+        p.add_argument(flag, dest=dest, default=None, **kw)
+    if restore_flags:
+        g = p.add_mutually_exclusive_group()
+        g.add_argument("--restore", dest="restore", choices=["auto", "skip", "force"], default=None,
+                       help="restore rule (default auto: fill empty roots from the store)")
+        g.add_argument("--no-restore", dest="restore", action="store_const", const="skip",
+                       help="do not restore before mirroring")
+        g.add_argument("--force-restore", dest="restore", action="store_const", const="force",
+                       help="restore every stored file even into roots that hold files")
+        p.add_argument("--restore-optional", dest="restore_optional", action="store_const", const=True,
+                       default=None, help="start even when the store cannot be reached (not recommended)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="checkpoint-sidecar",
+        description="Mirror agent workflow state to durable storage and bring it back after compute recreation.",
+    )
+    parser.add_argument("--version", action="version", version=f"checkpoint-sidecar {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_common(sub.add_parser("restore", help="one-shot restore (init containers)"))
+    _add_common(sub.add_parser("sync", help="restore, then mirror every change until SIGTERM (sidecar)"))
+    run = sub.add_parser("run", help="restore, mirror, and run CMD as a child (entrypoint wrapper)",
+                         usage="checkpoint-sidecar run [options] -- CMD [ARGS...]")
+    _add_common(run)
+    run.add_argument("cmd", nargs=argparse.REMAINDER, help="the command to run, after --")
+    st = sub.add_parser("status", help="what is in sync, pending upload, missing locally (exit 0 only in sync)")
+    _add_common(st, restore_flags=False)
+    st.add_argument("--json", action="store_true", help="machine-readable output")
+    pr = sub.add_parser("probe", help="exit 0 when the running sidecar is ready/live (exec probes)")
+    _add_common(pr, restore_flags=False)
+    pr.add_argument("what", choices=["ready", "live"])
+    pr.add_argument("--timeout", type=float, default=2.0)
+    return parser
+
+
+def _root_cause(e: BaseException) -> str:
+    while isinstance(e, BaseExceptionGroup) and e.exceptions:
+        e = e.exceptions[0]
+    return f"{type(e).__name__}: {e}" if not isinstance(e, BaseExceptionGroup) else str(e)
+
+
+def _fail(msg: str, code: int = EXIT_FAIL) -> int:
+    print(f"checkpoint-sidecar: error: {log.redact(msg)}", file=sys.stderr)
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    overrides = {dest: getattr(args, dest, None) for _f, dest, _k in _flag_map()}
+    for extra in ("restore", "restore_optional"):
+        overrides[extra] = getattr(args, extra, None)
+    try:
+        settings, roots = load(overrides)
+    except ConfigError as e:
+        for problem in e.problems:
+            print(f"checkpoint-sidecar: config error: {log.redact(problem)}", file=sys.stderr)
+        return EXIT_CONFIG
+    log.setup(settings.log_level, settings.log_format)
+
+    if args.command == "run":
+        cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+        if not cmd:
+            return _fail("run needs a command: checkpoint-sidecar run [options] -- CMD [ARGS...]", EXIT_CONFIG)
+    try:
+        if args.command == "restore":
+            return anyio.run(_restore, settings, roots)
+        if args.command == "sync":
+            return anyio.run(_sync, settings, roots, Shutdown())
+        if args.command == "run":
+            return anyio.run(_run, settings, roots, cmd, Shutdown())
+        if args.command == "status":
+            return anyio.run(_status, settings, roots, args.json)
+        if args.command == "probe":
+            from sidecar.http import probe
+
+            return probe(settings, args.what, args.timeout)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:  # a bug: one line for the operator, the traceback at debug level
+        log.debug("traceback", exc=e)
+        import traceback
+
+        if settings.log_level == "debug":
+            traceback.print_exc()
+        return _fail(f"unexpected {type(e).__name__}: {_root_cause(e)}")
+    return _fail(f"unknown command {args.command}", EXIT_CONFIG)
+
+
+# -- commands --------------------------------------------------------------------------------
+
+def _open(settings: Settings):
+    from sidecar.store import make_store
+
+    return make_store(settings.store, settings.prefix)
+
+
+async def _prepare(daemon, settings: Settings) -> int | None:
+    """Restore by the rule; an exit code when the command must stop, None to go on."""
+    from sidecar.restorer import RestoreError
+    from sidecar.store.base import StoreError
+
+    try:
+        await daemon.prepare()
+    except RestoreError as e:
+        return _fail(f"restore failed: {e}")
+    except StoreError as e:
+        if settings.restore_optional:
+            log.error("store_unreachable_starting_anyway", error=str(e))
+            return None
+        return _fail(f"cannot reach the store: {e} (refusing to start without the saved state; "
+                     "SIDECAR_RESTORE_OPTIONAL=true starts anyway)")
+    return None
+
+
+async def _restore(settings: Settings, roots: list[Root]) -> int:
+    from sidecar.daemon import Daemon
+
+    store = _open(settings)
+    try:
+        daemon = Daemon(settings, roots, store)
+        code = await _prepare(daemon, settings)
+        return EXIT_OK if code is None else code
+    finally:
+        await store.aclose()
+
+
+async def _serve_http(tg, daemon, settings: Settings) -> None:
+    if settings.http_host_port() is None:
+        return
+    from sidecar.http import serve
+
+    await tg.start(serve, settings, daemon)
+
+
+async def _sync(settings: Settings, roots: list[Root], shutdown: Shutdown) -> int:
+    from sidecar.daemon import Daemon
+
+    store = _open(settings)
+    try:
+        daemon = Daemon(settings, roots, store)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(handle_signals, shutdown, None)
+            await _serve_http(tg, daemon, settings)
+            with anyio.CancelScope() as prep_scope:
+                tg.start_soon(_cancel_on, shutdown.requested, prep_scope)
+                code = await _prepare(daemon, settings)
+                if code is not None:
+                    tg.cancel_scope.cancel()
+                    return code
+                await tg.start(daemon.serve)
+                log.info("ready", roots=",".join(r.path for r in roots), store=store.description)
+            if prep_scope.cancelled_caught:
+                tg.cancel_scope.cancel()
+                return EXIT_FAIL
+            await shutdown.requested.wait()
+            with anyio.CancelScope(shield=True):
+                left = await daemon.drain(settings.drain_timeout, abandon=shutdown.forced)
+            tg.cancel_scope.cancel()
+        return EXIT_OK if left == 0 else EXIT_PENDING
+    finally:
+        with anyio.CancelScope(shield=True):
+            await store.aclose()
+
+
+async def _cancel_on(event: anyio.Event, scope: anyio.CancelScope) -> None:
+    await event.wait()
+    scope.cancel()
+
+
+async def _run(settings: Settings, roots: list[Root], cmd: list[str], shutdown: Shutdown) -> int:
+    from sidecar.daemon import Daemon
+    from sidecar.runner import Child, SpawnError
+
+    store = _open(settings)
+    child: Child | None = None
+    try:
+        daemon = Daemon(settings, roots, store)
+        async with anyio.create_task_group() as tg:
+            await _serve_http(tg, daemon, settings)
+            code = await _prepare(daemon, settings)
+            if code is not None:  # restore failed: the command never starts
+                tg.cancel_scope.cancel()
+                return code
+            await tg.start(daemon.serve)
+            try:
+                child = await Child.spawn(cmd)
+            except SpawnError as e:
+                _fail(str(e))
+                tg.cancel_scope.cancel()
+                return e.exit_code
+            log.info("child_started", pid=child.pid, cmd=cmd[0])
+            tg.start_soon(handle_signals, shutdown, child.send)
+            rc = await child.wait()
+            log.info("child_exited", code=rc)
+            with anyio.CancelScope(shield=True):
+                await daemon.drain(settings.drain_timeout, abandon=shutdown.forced)
+            tg.cancel_scope.cancel()
+        return rc
+    finally:
+        with anyio.CancelScope(shield=True):
+            if child is not None and child.proc.returncode is None:
+                child.send(signal.SIGTERM)
+                with anyio.move_on_after(5):
+                    await child.wait()
+                child.send(signal.SIGKILL)
+            await store.aclose()
+
+
+async def _status(settings: Settings, roots: list[Root], as_json: bool) -> int:
+    from sidecar.localfs import scan_root
+    from sidecar.paths import IgnoreRules
+    from sidecar.plan import plan_status
+    from sidecar.restorer import list_store
+    from sidecar.store.base import StoreError
+
+    store = _open(settings)
+    try:
+        await store.open()
+        listing = await list_store(store, roots)
+    except StoreError as e:
+        return _fail(f"cannot reach the store: {e}")
+    finally:
+        await store.aclose()
+    ignore = IgnoreRules(settings.ignore)
+    report: dict[str, Any] = {"store": store.description, "prefix": settings.prefix, "roots": {}, "in_sync": True}
+    for root in roots:
+        local, _ = await anyio.to_thread.run_sync(scan_root, root, ignore)
+        remote = {k: v for k, v in listing.objects.items() if k.split("/", 1)[0] == root.name}
+        s = plan_status(local, remote)
+        report["roots"][root.name] = {
+            "path": root.path,
+            "in_sync": len(s.in_sync),
+            "pending_upload": s.pending_upload,
+            "missing_locally": s.missing_locally,
+        }
+        report["in_sync"] &= s.ok
+    if listing.unsafe:
+        report["unsafe_stored_names"] = [k for k, _ in listing.unsafe]
+    if as_json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(f"store: {report['store']}" + (f" (prefix {settings.prefix})" if settings.prefix else ""))
+        for name, r in report["roots"].items():
+            print(f"{name} ({r['path']}): {r['in_sync']} in sync, {len(r['pending_upload'])} pending upload, "
+                  f"{len(r['missing_locally'])} missing locally")
+            for k in r["pending_upload"][:10]:
+                print(f"  pending upload   {k}")
+            for k in r["missing_locally"][:10]:
+                print(f"  missing locally  {k}")
+        print("in sync" if report["in_sync"] else "NOT in sync")
+    return EXIT_OK if report["in_sync"] else 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

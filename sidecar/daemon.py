@@ -1,0 +1,203 @@
+"""The sync daemon: restore, then watch + upload + reconcile until told to stop, then drain.
+
+Data flow (top-down)::
+
+    prepare():  store.open → list_store (one LIST) → restorer.restore
+    serve():    watcher.watch ──paths──▶ Uploader.mark_paths ──▶ PendingSet ──▶ workers ──▶ store
+                reconcile loop: local rescan vs known store state (no LIST), full LIST rarely
+    drain():    keep watching; wait until nothing is pending (bounded), rescan once, wait again
+"""
+
+from __future__ import annotations
+
+import time
+from functools import partial
+from dataclasses import dataclass, field
+
+import anyio
+import anyio.to_thread
+from anyio.abc import TaskStatus
+
+from sidecar import log, metrics
+from sidecar.config import Settings
+from sidecar.localfs import LocalStat, scan_root
+from sidecar.paths import IgnoreRules, Root
+from sidecar.plan import plan_reconcile
+from sidecar.restorer import Listing, RestoreResult, list_store, restore
+from sidecar.store.base import Store, StoreError, TransientStoreError
+from sidecar.uploader import Uploader, backoff
+from sidecar.watcher import watch
+
+#: How long start-up keeps retrying a store that answers with transient errors before giving up.
+STARTUP_RETRY_SECONDS = 10.0
+
+
+@dataclass
+class Health:
+    """What /livez, /readyz and ``status`` report. Plain data, updated by the daemon."""
+
+    phase: str = "starting"  # starting → restoring → reconciling → ready → stopping
+    reason: str = "starting"
+    restore: RestoreResult | None = None
+    workers_alive: bool = False
+    watcher_alive: bool = False
+    started_at: float = field(default_factory=time.time)
+
+    @property
+    def ready(self) -> bool:
+        return self.phase == "ready"
+
+    def set(self, phase: str, reason: str) -> None:
+        self.phase, self.reason = phase, reason
+        log.debug("phase", phase=phase, reason=reason)
+
+
+class Daemon:
+    def __init__(self, settings: Settings, roots: list[Root], store: Store) -> None:
+        self.settings = settings
+        self.roots = roots
+        self.store = store
+        self.ignore = IgnoreRules(settings.ignore)
+        self.uploader = Uploader(
+            store, roots, self.ignore, concurrency=settings.concurrency, max_file_size=settings.max_file_size
+        )
+        self.health = Health()
+        self.listing: Listing | None = None
+        #: roots that were empty at start and not restored: their stored copy must not be deleted
+        self.protected: set[str] = set()
+
+    # -- phase 1: restore --------------------------------------------------------------------
+    async def prepare(self, restore_mode: str | None = None) -> RestoreResult | None:
+        """Open the store, list it once and restore by the rule. Raises StoreError/RestoreError."""
+        mode = restore_mode or self.settings.restore
+        self.health.set("restoring", "restoring state from the store")
+        deadline = time.monotonic() + STARTUP_RETRY_SECONDS
+        await retry_transient(self.store.open, "open", deadline)
+        self.listing = await retry_transient(lambda: list_store(self.store, self.roots), "list", deadline)
+        result = await restore(self.store, self.roots, self.listing, mode=mode,
+                               concurrency=self.settings.concurrency)
+        self.health.restore = result
+        return result
+
+    # -- phase 2: mirror ---------------------------------------------------------------------
+    async def serve(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Watch and mirror until cancelled. ``started()`` once the watch is in place and the
+        first reconcile is planned (readiness)."""
+        if self.listing is None:  # restore was skipped entirely (e.g. unreachable store, optional)
+            self.listing = Listing()
+        self.uploader.remote = dict(self.listing.objects)
+        self.health.set("reconciling", "reconciling disk and store")
+        async with anyio.create_task_group() as tg:
+            await tg.start(self.uploader.run)
+            self.health.workers_alive = True
+            await tg.start(partial(watch, debounce_ms=self.settings.debounce_ms),
+                           self.roots, self._on_paths, self._on_roots_changed)
+            self.health.watcher_alive = True
+            await self.reconcile(initial=True)
+            tg.start_soon(self._reconcile_loop)
+            self.health.set("ready", "restored and mirroring")
+            task_status.started()
+
+    async def _on_paths(self, paths: list[str]) -> None:
+        self.uploader.mark_paths(paths)
+
+    async def _on_roots_changed(self, roots: list[Root]) -> None:
+        await self.reconcile(only=roots)
+
+    async def reconcile(self, *, initial: bool = False, only: list[Root] | None = None,
+                        remote: dict | None = None, final: bool = False) -> int:
+        """Compare the disk with what the store is known to hold and queue the differences."""
+        roots = only or self.roots
+        local: dict[str, LocalStat] = {}
+        for root in roots:
+            files, _links = await anyio.to_thread.run_sync(scan_root, root, self.ignore)
+            local.update(files)
+            if files:
+                self.protected.discard(root.name)
+            elif initial and root.name not in (self.health.restore.restored_roots() if self.health.restore else set()):
+                self.protected.add(root.name)
+        names = {r.name for r in roots}
+        known = self.uploader.remote if remote is None else remote
+        known = {k: v for k, v in known.items() if k.split("/", 1)[0] in names}
+        busy = self.uploader.pending.keys()
+        plan = plan_reconcile(local, known, self.protected)
+        upload = [k for k in plan.upload if k not in busy]
+        delete = [k for k in plan.delete if k not in busy]
+        if remote is not None:  # a fresh listing replaces what we believed
+            for k in list(self.uploader.remote):
+                if k.split("/", 1)[0] in names and k not in busy:
+                    self.uploader.remote.pop(k)
+            self.uploader.remote.update({k: v for k, v in known.items() if k not in busy})
+        self.uploader.mark_keys(upload, delete)
+        fixes = len(upload) + len(delete)
+        kind = "full" if remote is not None else "local"
+        metrics.RECONCILES.labels(kind).inc()
+        if final:
+            log.info("final_rescan", upload=len(upload), delete=len(delete))
+        elif fixes and not initial:
+            metrics.RECONCILE_FIXES.inc(fixes)
+            log.warning("reconcile_found_changes", kind=kind, upload=len(upload), delete=len(delete),
+                        detail="changes the watcher did not report (dropped events?) are now queued")
+        elif initial:
+            log.info("reconcile_start", upload=len(upload), delete=len(delete), in_sync=plan.in_sync,
+                     protected=",".join(sorted(self.protected)) or "-")
+        return fixes
+
+    async def _reconcile_loop(self) -> None:
+        s = self.settings
+        if s.reconcile_interval <= 0:
+            return
+        last_full = time.monotonic()
+        while True:
+            await anyio.sleep(s.reconcile_interval)
+            try:
+                if s.full_reconcile_interval > 0 and time.monotonic() - last_full >= s.full_reconcile_interval:
+                    listing = await list_store(self.store, self.roots)
+                    await self.reconcile(remote=listing.objects)
+                    last_full = time.monotonic()
+                else:
+                    await self.reconcile()
+            except StoreError as e:
+                log.warning("reconcile_failed", error=str(e))
+            except Exception as e:  # never let a bug in a periodic task end the daemon
+                log.error("reconcile_failed", exc=e)
+
+    # -- phase 3: drain ----------------------------------------------------------------------
+    async def drain(self, timeout: float, abandon: anyio.Event | None = None) -> int:
+        """Flush what is pending within ``timeout`` seconds (or until ``abandon`` is set).
+        Returns how many paths were left pending (0: everything durable)."""
+        self.health.set("stopping", "shutting down: flushing pending changes")
+        t0 = time.monotonic()
+        with anyio.move_on_after(timeout) as scope:
+            async with anyio.create_task_group() as tg:
+                if abandon is not None:
+                    async def _abandon() -> None:
+                        await abandon.wait()
+                        log.warning("flush_abandoned", detail="second signal")
+                        scope.cancel()
+                    tg.start_soon(_abandon)
+                await self.uploader.wait_idle()
+                await self.reconcile(final=True)  # anything the watcher has not reported yet
+                await self.uploader.wait_idle()
+                tg.cancel_scope.cancel()
+        left = sorted(self.uploader.pending.keys())
+        if left:
+            log.error("shutdown_pending", pending=len(left), paths=",".join(left[:20]),
+                      seconds=round(time.monotonic() - t0, 3))
+        else:
+            log.info("shutdown_flushed", seconds=round(time.monotonic() - t0, 3))
+        return len(left)
+
+
+async def retry_transient(fn, what: str, deadline: float):
+    """Call ``fn`` until it succeeds or ``deadline`` (monotonic) passes; re-raises the last error."""
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            return await fn()
+        except StoreError as e:
+            if not isinstance(e, TransientStoreError) or time.monotonic() + backoff(attempt) > deadline:
+                raise
+            log.warning("store_retry", op=what, attempt=attempt, error=str(e))
+            await anyio.sleep(backoff(attempt))

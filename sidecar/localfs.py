@@ -1,0 +1,220 @@
+"""Local file access with the sidecar's safety rules: never follow a symlink, never read a torn file,
+never write outside a root. Blocking functions; callers run them in worker threads."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import secrets
+import stat
+from dataclasses import dataclass
+
+from sidecar.paths import IgnoreRules, Root, make_key
+from sidecar.store.base import ObjectMeta
+
+RESTORE_TMP_PREFIX = ".sidecar-restore-"
+
+
+@dataclass(frozen=True)
+class LocalStat:
+    size: int
+    mtime_ns: int
+    mode: int
+
+
+class Vanished(Exception):
+    """The file is gone (or is no longer a regular file)."""
+
+
+class Unstable(Exception):
+    """The file kept changing while it was read."""
+
+
+class TooLarge(Exception):
+    pass
+
+
+def scan_root(root: Root, ignore: IgnoreRules) -> tuple[dict[str, LocalStat], list[str]]:
+    """Regular files under ``root`` by key (symlinks and ignored names skipped), and the skipped
+    symlinks' keys. A missing root is empty."""
+    files: dict[str, LocalStat] = {}
+    links: list[str] = []
+    stack = [("", root.path)]
+    while stack:
+        rel_dir, abs_dir = stack.pop()
+        try:
+            it = os.scandir(abs_dir)
+        except (FileNotFoundError, NotADirectoryError, PermissionError):
+            continue
+        with it:
+            for entry in it:
+                rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
+                try:
+                    if entry.is_symlink():
+                        links.append(make_key(root, rel))
+                    elif entry.is_dir(follow_symlinks=False):
+                        stack.append((rel, entry.path))
+                    elif entry.is_file(follow_symlinks=False) and not ignore.ignored(rel):
+                        st = entry.stat(follow_symlinks=False)
+                        files[make_key(root, rel)] = LocalStat(st.st_size, st.st_mtime_ns, st.st_mode & 0o7777)
+                except (FileNotFoundError, ValueError):
+                    continue  # vanished mid-scan, or a name we cannot map
+    return files, links
+
+
+def has_regular_files(path: str) -> bool:
+    """True when the tree holds at least one regular file (empty placeholder directories don't count)."""
+    stack = [path]
+    while stack:
+        try:
+            it = os.scandir(stack.pop())
+        except (FileNotFoundError, NotADirectoryError, PermissionError):
+            continue
+        with it:
+            for entry in it:
+                if entry.is_file(follow_symlinks=False):
+                    return True
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(entry.path)
+    return False
+
+
+def read_stable(path: str, max_size: int, attempts: int = 5) -> tuple[bytes, ObjectMeta]:
+    """The file's bytes and metadata, read without following symlinks and only if the file did not
+    change while it was read (retried ``attempts`` times)."""
+    for _ in range(attempts):
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except (FileNotFoundError, NotADirectoryError):
+            raise Vanished(path) from None
+        except OSError as e:
+            if e.errno == errno.ELOOP:  # a symlink: never followed
+                raise Vanished(path) from None
+            raise
+        try:
+            before = os.fstat(fd)
+            if not stat.S_ISREG(before.st_mode):
+                raise Vanished(path)
+            if before.st_size > max_size:
+                raise TooLarge(f"{before.st_size} bytes > limit {max_size}")
+            chunks = []
+            while True:
+                chunk = os.read(fd, max(before.st_size + 1, 65536))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+            data = b"".join(chunks)
+            after = os.fstat(fd)
+        finally:
+            os.close(fd)
+        if (
+            len(data) == after.st_size == before.st_size
+            and after.st_mtime_ns == before.st_mtime_ns
+            and after.st_ctime_ns == before.st_ctime_ns
+        ):
+            return data, ObjectMeta.of(data, after.st_mtime_ns, after.st_mode)
+    raise Unstable(path)
+
+
+# -- restore side -------------------------------------------------------------------------------
+
+class UnsafeTarget(Exception):
+    """A restore target would pass through a symlink or a non-directory."""
+
+
+def _open_dir_nofollow(root_path: str, parts: list[str], create: bool) -> int:
+    """A directory fd for ``root_path/parts...`` walking one component at a time without
+    following symlinks (the root itself may be a symlink an operator configured)."""
+    os.makedirs(root_path, mode=0o700, exist_ok=True)
+    fd = os.open(root_path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in parts:
+            try:
+                nfd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            except FileNotFoundError:
+                if not create:
+                    raise
+                try:
+                    os.mkdir(part, 0o700, dir_fd=fd)
+                except FileExistsError:
+                    pass
+                nfd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            except OSError as e:
+                if e.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise UnsafeTarget(f"{part!r} under {root_path} is a symlink or not a directory") from None
+                raise
+            os.close(fd)
+            fd = nfd
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def write_restored(root: Root, parts: list[str], data: bytes, mtime_ns: int, mode: int) -> None:
+    """Place one restored file atomically: temp file in the target directory, mode and mtime set,
+    renamed over the target. Nothing is left behind on failure (a full disk included)."""
+    dfd = _open_dir_nofollow(root.path, parts[:-1], create=True)
+    tmp = RESTORE_TMP_PREFIX + secrets.token_hex(6)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+        try:
+            view = memoryview(data)
+            while view:
+                n = os.write(fd, view)
+                view = view[n:]
+            os.fchmod(fd, safe_mode(mode))
+            os.utime(fd, ns=(mtime_ns, mtime_ns))
+        except BaseException:
+            os.close(fd)
+            os.unlink(tmp, dir_fd=dfd)
+            raise
+        os.close(fd)
+        try:
+            target = os.stat(parts[-1], dir_fd=dfd, follow_symlinks=False)
+            if stat.S_ISDIR(target.st_mode):
+                raise UnsafeTarget(f"{'/'.join(parts)} is a directory on disk")
+        except FileNotFoundError:
+            pass
+        except BaseException:
+            os.unlink(tmp, dir_fd=dfd)
+            raise
+        # rename replaces a symlink itself, never what it points to
+        os.rename(tmp, parts[-1], src_dir_fd=dfd, dst_dir_fd=dfd)
+    finally:
+        os.close(dfd)
+
+
+def safe_mode(mode: int) -> int:
+    """Stored permission bits without world-write or set-id bits; 0600 when none were stored."""
+    mode &= 0o777 & ~0o002
+    return mode or 0o600
+
+
+def syncfs(path: str) -> None:
+    """Flush the filesystem holding ``path`` once (``syncfs(2)``; ``sync()`` where unavailable)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        os.sync()
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.syncfs(fd) != 0:
+            os.sync()
+    except (OSError, AttributeError):
+        os.sync()
+    finally:
+        os.close(fd)
+
+
+def remove_stale_restore_temps(root: Root) -> None:
+    """Temp files a killed restore left behind."""
+    for dirpath, _dirs, files in os.walk(root.path):
+        for name in files:
+            if name.startswith(RESTORE_TMP_PREFIX):
+                try:
+                    os.unlink(os.path.join(dirpath, name))
+                except OSError:
+                    pass

@@ -1,0 +1,131 @@
+"""Pure path logic: mapping local files to store keys and back, and refusing hostile names.
+
+A *key* is what the store holds, relative to the store's prefix: ``<root name>/<relative path>``
+with ``/`` separators, e.g. ``.checkpoints/alice/resp_1/3f2a.json``. Every key that comes back
+from a store is untrusted input and goes through :func:`split_key` before it touches a disk.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+from dataclasses import dataclass
+
+
+class UnsafeKey(ValueError):
+    """A stored name that would land outside its root, or is not a plain relative path."""
+
+
+#: Names the sidecar itself uses inside a store; no root may be called like this.
+RESERVED_NAMES = frozenset({".sidecar-meta", ".sidecar"})
+
+#: Basename patterns never mirrored: the writers' temp files and our own restore temp files.
+DEFAULT_IGNORE = ("*.tmp", ".sidecar-*")
+
+MAX_KEY_BYTES = 1024  # Azure Blob's limit on a blob name; the directory store follows it too.
+
+
+@dataclass(frozen=True)
+class Root:
+    """A mirrored tree: ``path`` on disk, kept under ``name`` in the store."""
+
+    name: str
+    path: str  # absolute, normalised, not resolved through symlinks
+
+
+def root_name_for(path: str) -> str:
+    name = os.path.basename(os.path.normpath(path))
+    if not name or name in (".", "..", "/"):
+        raise ValueError(f"cannot mirror {path!r}: a root needs a directory name of its own")
+    if name in RESERVED_NAMES:
+        raise ValueError(f"cannot mirror {path!r}: the name {name!r} is reserved by the sidecar")
+    return name
+
+
+def make_roots(paths: list[str], cwd: str) -> list[Root]:
+    """Absolute roots from configured paths; refuses duplicates, nesting and name clashes."""
+    roots: list[Root] = []
+    for p in paths:
+        absolute = os.path.normpath(os.path.join(cwd, os.path.expanduser(p)))
+        roots.append(Root(root_name_for(absolute), absolute))
+    names: dict[str, str] = {}
+    for r in roots:
+        if r.name in names:
+            raise ValueError(
+                f"roots {names[r.name]!r} and {r.path!r} share the name {r.name!r}; "
+                "each root is stored under its directory name, so they would collide"
+            )
+        names[r.name] = r.path
+    for a in roots:
+        for b in roots:
+            if a is not b and is_within(b.path, a.path):
+                raise ValueError(f"root {b.path!r} lies inside root {a.path!r}")
+    return roots
+
+
+def is_within(path: str, parent: str) -> bool:
+    path, parent = os.path.normpath(path), os.path.normpath(parent)
+    return path == parent or path.startswith(parent.rstrip("/") + "/")
+
+
+def validate_relpath(rel: str) -> list[str]:
+    """The ``/``-separated components of a relative path, or :class:`UnsafeKey`."""
+    if not rel:
+        raise UnsafeKey("empty name")
+    if "\x00" in rel:
+        raise UnsafeKey(f"name contains NUL: {rel!r}")
+    if "\\" in rel:
+        raise UnsafeKey(f"name contains a backslash: {rel!r}")
+    if rel.startswith("/"):
+        raise UnsafeKey(f"name is absolute: {rel!r}")
+    if len(rel.encode("utf-8", "surrogateescape")) > MAX_KEY_BYTES:
+        raise UnsafeKey(f"name longer than {MAX_KEY_BYTES} bytes: {rel[:60]!r}...")
+    parts = rel.split("/")
+    for part in parts:
+        if part in ("", ".", ".."):
+            raise UnsafeKey(f"name has an empty, '.' or '..' component: {rel!r}")
+    return parts
+
+
+def make_key(root: Root, rel: str) -> str:
+    validate_relpath(rel)
+    return f"{root.name}/{rel}"
+
+
+def split_key(key: str, roots_by_name: dict[str, Root]) -> tuple[Root, list[str]]:
+    """Which root a stored key belongs to and its safe path components under that root.
+
+    Raises :class:`UnsafeKey` for any key that is not a plain relative path of a configured root.
+    """
+    parts = validate_relpath(key)
+    if len(parts) < 2:
+        raise UnsafeKey(f"name has no path below a root: {key!r}")
+    root = roots_by_name.get(parts[0])
+    if root is None:
+        raise UnsafeKey(f"name belongs to no configured root: {key!r}")
+    return root, parts[1:]
+
+
+def locate(path: str, roots: list[Root]) -> tuple[Root, str] | None:
+    """The root a local absolute path lies under and its relative ``/`` path, or None.
+
+    The root directory itself maps to ``(root, "")``.
+    """
+    path = os.path.normpath(path)
+    for root in roots:
+        if path == root.path:
+            return root, ""
+        if path.startswith(root.path.rstrip("/") + "/"):
+            return root, path[len(root.path.rstrip("/")) + 1 :]
+    return None
+
+
+class IgnoreRules:
+    """Basename glob patterns (``fnmatch``) for files that are never mirrored."""
+
+    def __init__(self, patterns: tuple[str, ...] | list[str] = DEFAULT_IGNORE) -> None:
+        self.patterns = tuple(patterns)
+
+    def ignored(self, rel: str) -> bool:
+        base = rel.rsplit("/", 1)[-1]
+        return any(fnmatch.fnmatchcase(base, pat) for pat in self.patterns)

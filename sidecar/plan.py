@@ -1,0 +1,86 @@
+"""Pure decisions: what a reconcile must upload or delete, what a restore must fetch, what status says."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sidecar.localfs import LocalStat
+from sidecar.store.base import ObjectInfo
+
+
+@dataclass
+class ReconcilePlan:
+    upload: list[str] = field(default_factory=list)  # local files the store lacks or holds stale
+    delete: list[str] = field(default_factory=list)  # stored objects whose file is gone locally
+    in_sync: int = 0
+
+    def empty(self) -> bool:
+        return not self.upload and not self.delete
+
+
+def plan_reconcile(
+    local: dict[str, LocalStat],
+    remote: dict[str, ObjectInfo],
+    protected_roots: set[str] = frozenset(),  # type: ignore[assignment]
+) -> ReconcilePlan:
+    """Make the store match the disk. A file counts as in sync when the store recorded the same
+    size and mtime (the content hash is checked when the file is read for upload, so a touched but
+    unchanged file costs a read, not a write). Keys under a root in ``protected_roots`` are never
+    deleted: a root with no files that restore did not fill must not empty the store."""
+    plan = ReconcilePlan()
+    for key in sorted(local):
+        st = local[key]
+        info = remote.get(key)
+        if info is None or info.sha256 is None or info.size != st.size or info.mtime_ns != st.mtime_ns or info.mode != st.mode:
+            plan.upload.append(key)
+        else:
+            plan.in_sync += 1
+    for key in sorted(remote):
+        if key not in local and key.split("/", 1)[0] not in protected_roots:
+            plan.delete.append(key)
+    return plan
+
+
+@dataclass
+class RootDecision:
+    name: str
+    restore: bool
+    reason: str
+
+
+def decide_restore(root_name: str, local_has_files: bool, stored: int, mode: str) -> RootDecision:
+    """The restore rule. ``mode`` is ``auto``, ``force`` or ``skip``.
+
+    * ``skip``: never restore.
+    * ``force``: restore every stored file, replacing local copies.
+    * ``auto``: a root with no regular files (fresh compute; empty placeholder directories count as
+      empty) is filled from the store; a root that holds files is the truth and is left alone, and
+      ``sync`` then makes the store match it, so pruned checkpoints never come back.
+    """
+    if mode == "skip":
+        return RootDecision(root_name, False, "restore disabled")
+    if stored == 0:
+        return RootDecision(root_name, False, "nothing stored")
+    if mode == "force":
+        return RootDecision(root_name, True, "forced")
+    if local_has_files:
+        return RootDecision(root_name, False, "root already holds files: the disk is the truth")
+    return RootDecision(root_name, True, "root is empty: filling it from the store")
+
+
+@dataclass
+class Status:
+    in_sync: list[str] = field(default_factory=list)
+    pending_upload: list[str] = field(default_factory=list)  # on disk, not (or stale) in the store
+    missing_locally: list[str] = field(default_factory=list)  # in the store, not on disk
+
+    @property
+    def ok(self) -> bool:
+        return not self.pending_upload and not self.missing_locally
+
+
+def plan_status(local: dict[str, LocalStat], remote: dict[str, ObjectInfo]) -> Status:
+    plan = plan_reconcile(local, remote)
+    s = Status(pending_upload=plan.upload, missing_locally=plan.delete)
+    s.in_sync = sorted(k for k in local if k not in set(plan.upload))
+    return s

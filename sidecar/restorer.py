@@ -1,0 +1,208 @@
+"""Rehydrate: bring every stored file of every root back before the host starts.
+
+Each file is downloaded, its sha256 verified, written to a temp file beside its target with the
+stored mode and mtime, and renamed into place; directories are walked without following symlinks,
+so a stored name can never land outside its root. The restored filesystem is flushed once at the
+end (``syncfs``) so a power loss cannot leave empty files that a later ``sync`` would take for the
+truth. Which roots are restored follows :func:`sidecar.plan.decide_restore`.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+
+import anyio
+import anyio.to_thread
+
+from sidecar import log, metrics
+from sidecar.localfs import UnsafeTarget, has_regular_files, remove_stale_restore_temps, syncfs, write_restored
+from sidecar.paths import Root, UnsafeKey, split_key
+from sidecar.plan import RootDecision, decide_restore
+from sidecar.store.base import NotFound, ObjectInfo, Store, StoreError
+
+GENERATED_NAME = re.compile(rb"WorkflowBuilder-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+PROGRESS_EVERY = 2.0
+
+
+class RestoreError(Exception):
+    """Restore cannot bring the state back; the host must not start."""
+
+
+@dataclass
+class Listing:
+    """The store's content for the configured roots, with hostile names set aside."""
+
+    objects: dict[str, ObjectInfo] = field(default_factory=dict)
+    unsafe: list[tuple[str, str]] = field(default_factory=list)  # (key, why)
+
+
+async def list_store(store: Store, roots: list[Root]) -> Listing:
+    by_name = {r.name: r for r in roots}
+    out = Listing()
+    async for info in store.list():
+        first = info.key.split("/", 1)[0]
+        if first and first not in by_name and first not in ("..", "."):
+            continue  # another root's data, or not ours at all
+        try:
+            split_key(info.key, by_name)
+        except UnsafeKey as e:
+            out.unsafe.append((info.key, str(e)))
+            continue
+        out.objects[info.key] = info
+    return out
+
+
+@dataclass
+class RestoreResult:
+    decisions: list[RootDecision] = field(default_factory=list)
+    files: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+    refused: list[str] = field(default_factory=list)
+    unverified: int = 0
+    generated_names: set[str] = field(default_factory=set)
+
+    def restored_roots(self) -> set[str]:
+        return {d.name for d in self.decisions if d.restore}
+
+
+class _Progress:
+    def __init__(self, total_files: int, total_bytes: int) -> None:
+        self.total_files, self.total_bytes = total_files, total_bytes
+        self.files = self.bytes = 0
+        self.tty = sys.stderr.isatty()
+        self.last = time.monotonic()
+
+    def add(self, n: int) -> None:
+        self.files += 1
+        self.bytes += n
+        now = time.monotonic()
+        if self.tty:
+            if now - self.last > 0.1 or self.files == self.total_files:
+                self.last = now
+                frac = self.bytes / self.total_bytes if self.total_bytes else 1.0
+                bar = "#" * int(frac * 30)
+                sys.stderr.write(
+                    f"\rrestoring [{bar:<30}] {self.files}/{self.total_files} files "
+                    f"{self.bytes / 1048576:.1f}/{self.total_bytes / 1048576:.1f} MiB"
+                )
+                if self.files == self.total_files:
+                    sys.stderr.write("\n")
+                sys.stderr.flush()
+        elif now - self.last > PROGRESS_EVERY:
+            self.last = now
+            log.info("restore_progress", files=self.files, total_files=self.total_files,
+                     bytes=self.bytes, total_bytes=self.total_bytes)
+
+
+async def restore(
+    store: Store,
+    roots: list[Root],
+    listing: Listing,
+    *,
+    mode: str = "auto",
+    concurrency: int = 16,
+) -> RestoreResult:
+    t0 = time.monotonic()
+    result = RestoreResult()
+    for key, why in listing.unsafe:
+        log.error("restore_refused_name", path=key, reason=why)
+        result.refused.append(key)
+
+    per_root: dict[str, list[ObjectInfo]] = {r.name: [] for r in roots}
+    for info in listing.objects.values():
+        per_root[info.key.split("/", 1)[0]].append(info)
+
+    todo: list[tuple[Root, ObjectInfo]] = []
+    for root in roots:
+        local = await anyio.to_thread.run_sync(has_regular_files, root.path)
+        d = decide_restore(root.name, local, len(per_root[root.name]), mode)
+        result.decisions.append(d)
+        log.info("restore_decision", root=root.path, restore=d.restore, reason=d.reason,
+                 stored=len(per_root[root.name]))
+        if d.restore:
+            await anyio.to_thread.run_sync(remove_stale_restore_temps, root)
+            todo.extend((root, info) for info in per_root[root.name])
+
+    by_name = {r.name: r for r in roots}
+    progress = _Progress(len(todo), sum(i.size for _, i in todo))
+    limiter = anyio.Semaphore(concurrency)
+
+    async def fetch(root: Root, info: ObjectInfo) -> None:
+        async with limiter:
+            _, parts = split_key(info.key, by_name)
+            for attempt in (1, 2):
+                try:
+                    data, got = await store.get(info.key)
+                except NotFound:
+                    log.warning("restore_vanished", path=info.key)
+                    return
+                expected = got.sha256 or info.sha256
+                if expected is None:
+                    result.unverified += 1
+                    break
+                if hashlib.sha256(data).hexdigest() == expected and len(data) == got.size:
+                    break
+                log.warning("restore_checksum_mismatch", path=info.key, attempt=attempt)
+            else:
+                raise RestoreError(f"{info.key}: stored bytes do not match their sha256 (corrupt object in {store.description})")
+            try:
+                await anyio.to_thread.run_sync(write_restored, root, parts, data, got.mtime_ns, got.mode)
+            except UnsafeTarget as e:
+                log.error("restore_refused_target", path=info.key, reason=str(e))
+                result.refused.append(info.key)
+                return
+            except OSError as e:
+                if e.errno == errno.ENOSPC:
+                    raise RestoreError(f"no space left on device while restoring into {root.path} "
+                                       f"({progress.files} of {progress.total_files} files restored; no partial file left)") from None
+                raise RestoreError(f"cannot write {info.key} into {root.path}: {e.strerror}") from None
+            if info.key.startswith(".checkpoints/") or info.key.endswith(".json"):
+                m = GENERATED_NAME.search(data)
+                if m:
+                    result.generated_names.add(m.group(0).decode())
+            progress.add(len(data))
+            metrics.RESTORED_FILES.inc()
+            metrics.RESTORED_BYTES.inc(len(data))
+
+    try:
+        async with anyio.create_task_group() as tg:
+            for root, info in todo:
+                tg.start_soon(fetch, root, info)
+    except BaseExceptionGroup as eg:  # report the first real cause, one line
+        for exc in _leaves(eg):
+            if isinstance(exc, (RestoreError, StoreError)):
+                raise exc from None
+        raise
+    for root in roots:
+        if root.name in result.restored_roots():
+            await anyio.to_thread.run_sync(syncfs, root.path)
+
+    result.files, result.bytes = progress.files, progress.bytes
+    result.seconds = time.monotonic() - t0
+    metrics.RESTORE_SECONDS.set(result.seconds)
+    if result.generated_names:
+        log.warning(
+            "unresumable_checkpoints",
+            detail=(
+                f"stored checkpoints belong to workflows with generated names ({', '.join(sorted(result.generated_names)[:3])}); "
+                "a WorkflowBuilder without name= gets a new random name in every process, so these can never be resumed. "
+                "Fix: WorkflowBuilder(name=\"my-workflow\", ...)"
+            ),
+        )
+    log.info("restore_done", files=result.files, bytes=result.bytes, seconds=round(result.seconds, 3),
+             refused=len(result.refused), unverified=result.unverified)
+    return result
+
+
+def _leaves(eg: BaseException):
+    if isinstance(eg, BaseExceptionGroup):
+        for e in eg.exceptions:
+            yield from _leaves(e)
+    else:
+        yield eg

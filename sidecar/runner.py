@@ -1,0 +1,78 @@
+"""The process runner: start the wrapped command, forward signals, report its exact exit status.
+
+The child inherits stdio, runs in its own process group (so a terminal's Ctrl-C reaches it once,
+through us, not twice), and has the kernel send it SIGTERM if the wrapper dies
+(``PR_SET_PDEATHSIG``): a host must never go on running while nothing mirrors its state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import os
+import signal
+import sys
+
+PR_SET_PDEATHSIG = 1
+
+try:
+    _prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
+except (OSError, AttributeError):  # pragma: no cover
+    _prctl = None
+
+
+class SpawnError(Exception):
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def _child_setup(parent_pid: int) -> None:
+    # Runs in the child between fork and exec: only async-signal-safe work, prepared beforehand.
+    if _prctl is not None:
+        _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent_pid:  # the parent died before prctl took effect
+            os._exit(1)
+
+
+def exit_code(returncode: int) -> int:
+    """A shell-style exit status: the child's code, or 128+N when it died of signal N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+class Child:
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+        self.pid = proc.pid
+
+    @classmethod
+    async def spawn(cls, argv: list[str], env: dict[str, str] | None = None) -> "Child":
+        parent = os.getpid()
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                stdin=None, stdout=None, stderr=None,  # inherited
+                env=env,
+                process_group=0,
+                preexec_fn=lambda: _child_setup(parent),
+            )
+        except FileNotFoundError:
+            raise SpawnError(f"command not found: {argv[0]}", 127) from None
+        except PermissionError:
+            raise SpawnError(f"command not executable: {argv[0]}", 126) from None
+        except OSError as e:
+            raise SpawnError(f"cannot start {argv[0]}: {e.strerror}", 126) from None
+        return cls(proc)
+
+    def send(self, sig: int) -> None:
+        """Signal the child's process group (it leads one), so helpers it started hear it too."""
+        if self.proc.returncode is None:
+            try:
+                os.killpg(self.pid, sig)
+            except ProcessLookupError:
+                pass
+            except PermissionError:
+                os.kill(self.pid, sig)
+
+    async def wait(self) -> int:
+        return exit_code(await self.proc.wait())

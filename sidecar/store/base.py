@@ -1,0 +1,86 @@
+"""The durable store interface every backend implements.
+
+One small async interface, in the spirit of Litestream's ``ReplicaClient``: put a whole object with
+its metadata, get it back, list by prefix with metadata in one pass, delete. Keys are relative to
+the store's own prefix (``SIDECAR_PREFIX``) and always ``/``-separated; the store never interprets
+them beyond joining them to its prefix. Backends live one per module next to this one and all pass
+``tests/store/test_contract.py``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import AsyncIterator, Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class ObjectMeta:
+    """What the sidecar records about a file besides its bytes."""
+
+    size: int
+    sha256: str  # hex digest of the bytes
+    mtime_ns: int
+    mode: int  # permission bits only (0o7777)
+
+    @classmethod
+    def of(cls, data: bytes, mtime_ns: int, mode: int) -> "ObjectMeta":
+        return cls(len(data), hashlib.sha256(data).hexdigest(), mtime_ns, mode & 0o7777)
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """An object as the store holds it. ``sha256`` is None when the store cannot vouch for it."""
+
+    key: str
+    size: int
+    sha256: str | None
+    mtime_ns: int
+    mode: int
+    etag: str | None = None
+
+    def same_content(self, meta: ObjectMeta) -> bool:
+        return self.sha256 == meta.sha256 and self.size == meta.size
+
+    def same_as(self, meta: ObjectMeta) -> bool:
+        """Content, mtime and mode all match: uploading ``meta`` again would change nothing."""
+        return self.same_content(meta) and self.mtime_ns == meta.mtime_ns and self.mode == meta.mode
+
+
+class StoreError(Exception):
+    """A failure that retrying will not fix (bad credentials, missing permission, bad URL).
+
+    The message is one line, names what to check, and never contains a secret.
+    """
+
+
+class TransientStoreError(StoreError):
+    """A failure worth retrying: throttling, timeouts, connection refused, 5xx."""
+
+
+class NotFound(StoreError):
+    """The object does not exist."""
+
+
+@runtime_checkable
+class Store(Protocol):
+    #: Where the store is, for logs and errors; never contains a secret.
+    description: str
+
+    async def open(self) -> None:
+        """Connect and check the store is usable (create the container or directory if allowed)."""
+
+    async def put(self, key: str, data: bytes, meta: ObjectMeta) -> ObjectInfo:
+        """Store ``data`` under ``key`` atomically: readers see the old object or the new, whole."""
+
+    async def get(self, key: str) -> tuple[bytes, ObjectInfo]:
+        """The object's bytes and metadata; :class:`NotFound` when absent."""
+
+    def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:
+        """Every object whose key starts with ``prefix``, with metadata, in one paged pass."""
+
+    async def delete(self, key: str) -> None:
+        """Remove ``key``; deleting a missing object is not an error."""
+
+    async def aclose(self) -> None:
+        """Release connections and credentials."""

@@ -1,0 +1,222 @@
+"""The directory store: a plain directory (local disk, a mounted Azure Files share, NFS, a PVC).
+
+Layout under ``<base>/<prefix>/``::
+
+    <key>                          the object's bytes, mode and mtime as recorded
+    .sidecar-meta/<key>.json       {"size", "sha256", "mtime_ns", "mode", "data_mtime_ns"}
+
+Each file is written to a temp file, fsynced, renamed over the target, and its directory fsynced.
+Data goes first, metadata second; ``list`` trusts the metadata only while the data file's size and
+mtime still match what it recorded (``data_mtime_ns``), so a crash between the two renames leaves
+an object whose sha256 is unknown (``None``) rather than a wrong one, and reconciliation rewrites it.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import secrets
+from typing import AsyncIterator
+
+import anyio
+import anyio.to_thread
+
+from sidecar.paths import UnsafeKey, validate_relpath
+from sidecar.store.base import NotFound, ObjectInfo, ObjectMeta, StoreError
+
+META_DIR = ".sidecar-meta"
+TMP_PREFIX = ".sidecar-tmp-"
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_atomic(path: str, data: bytes, mode: int = 0o600, mtime_ns: int | None = None) -> int:
+    """Write ``path`` via temp + fsync + rename + dir fsync; returns the file's final mtime_ns."""
+    directory = os.path.dirname(path)
+    for attempt in range(3):
+        os.makedirs(directory, exist_ok=True)
+        tmp = os.path.join(directory, TMP_PREFIX + secrets.token_hex(6))
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        except FileNotFoundError:  # a concurrent delete pruned the empty directory: make it again
+            if attempt == 2:
+                raise
+            continue
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fchmod(f.fileno(), mode & 0o7777)
+                if mtime_ns is not None:
+                    os.utime(f.fileno(), ns=(mtime_ns, mtime_ns))
+                os.fsync(f.fileno())
+                final_mtime = os.fstat(f.fileno()).st_mtime_ns
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+        _fsync_dir(directory)
+        return final_mtime
+    raise AssertionError("unreachable")
+
+
+class DirectoryStore:
+    def __init__(self, base: str, prefix: str = "") -> None:
+        self.base = os.path.abspath(base)
+        self.prefix = prefix.strip("/")
+        self.top = os.path.join(self.base, self.prefix) if self.prefix else self.base
+        self.description = f"file://{self.top}"
+        self._limiter = anyio.CapacityLimiter(32)
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _paths(self, key: str) -> tuple[str, str]:
+        try:
+            parts = validate_relpath(key)
+        except UnsafeKey as e:
+            raise StoreError(f"refusing unsafe key: {e}") from None
+        if parts[0] in (META_DIR,) or any(p.startswith(TMP_PREFIX) for p in parts):
+            raise StoreError(f"refusing reserved key {key!r}")
+        return os.path.join(self.top, *parts), os.path.join(self.top, META_DIR, *parts) + ".json"
+
+    async def _run(self, fn, *args):
+        try:
+            return await anyio.to_thread.run_sync(fn, *args, limiter=self._limiter)
+        except (NotFound, StoreError):
+            raise
+        except OSError as e:
+            raise self._error(e) from None
+
+    def _error(self, e: OSError) -> StoreError:
+        what = e.strerror or type(e).__name__
+        if e.errno == errno.ENOSPC:
+            return StoreError(f"directory store {self.top} is full (no space left on device)")
+        if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            return StoreError(
+                f"directory store {self.top}: {what}; check the volume is mounted writable "
+                "for this user"
+            )
+        return StoreError(f"directory store {self.top}: {what} ({e.filename or ''})")
+
+    # -- interface -------------------------------------------------------------------------
+    async def open(self) -> None:
+        def check() -> None:
+            os.makedirs(self.top, exist_ok=True)
+            if not os.access(self.top, os.W_OK | os.X_OK):
+                raise PermissionError(errno.EACCES, "not writable", self.top)
+
+        await self._run(check)
+
+    async def put(self, key: str, data: bytes, meta: ObjectMeta) -> ObjectInfo:
+        data_path, meta_path = self._paths(key)
+
+        def write() -> ObjectInfo:
+            data_mtime = _write_atomic(data_path, data, meta.mode, meta.mtime_ns)
+            record = {
+                "size": meta.size,
+                "sha256": meta.sha256,
+                "mtime_ns": meta.mtime_ns,
+                "mode": meta.mode,
+                "data_mtime_ns": data_mtime,
+            }
+            _write_atomic(meta_path, json.dumps(record).encode())
+            return ObjectInfo(key, meta.size, meta.sha256, meta.mtime_ns, meta.mode, str(data_mtime))
+
+        return await self._run(write)
+
+    def _info(self, key: str, data_path: str, meta_path: str, st: os.stat_result) -> ObjectInfo:
+        try:
+            with open(meta_path, "rb") as f:
+                rec = json.loads(f.read())
+            if rec.get("size") == st.st_size and rec.get("data_mtime_ns") == st.st_mtime_ns:
+                return ObjectInfo(
+                    key, st.st_size, rec["sha256"], int(rec["mtime_ns"]), int(rec["mode"]),
+                    str(st.st_mtime_ns),
+                )
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        return ObjectInfo(key, st.st_size, None, st.st_mtime_ns, st.st_mode & 0o7777, str(st.st_mtime_ns))
+
+    async def get(self, key: str) -> tuple[bytes, ObjectInfo]:
+        data_path, meta_path = self._paths(key)
+
+        def read() -> tuple[bytes, ObjectInfo]:
+            try:
+                fd = os.open(data_path, os.O_RDONLY | os.O_NOFOLLOW)
+            except (FileNotFoundError, NotADirectoryError):
+                raise NotFound(key) from None
+            with os.fdopen(fd, "rb") as f:
+                st = os.fstat(f.fileno())
+                data = f.read()
+            return data, self._info(key, data_path, meta_path, st)
+
+        return await self._run(read)
+
+    async def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:
+        def walk() -> list[ObjectInfo]:
+            out: list[ObjectInfo] = []
+            if not os.path.isdir(self.top):
+                return out
+            stack = [("", self.top)]
+            while stack:
+                rel_dir, abs_dir = stack.pop()
+                try:
+                    entries = list(os.scandir(abs_dir))
+                except FileNotFoundError:
+                    continue
+                for entry in entries:
+                    if entry.name.startswith(TMP_PREFIX) or (not rel_dir and entry.name == META_DIR):
+                        continue
+                    rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
+                    if entry.is_dir(follow_symlinks=False):
+                        if prefix.startswith(rel + "/") or rel.startswith(prefix) or not prefix:
+                            stack.append((rel, entry.path))
+                    elif entry.is_file(follow_symlinks=False) and rel.startswith(prefix):
+                        try:
+                            st = entry.stat(follow_symlinks=False)
+                        except FileNotFoundError:
+                            continue
+                        meta_path = os.path.join(self.top, META_DIR, rel) + ".json"
+                        out.append(self._info(rel, entry.path, meta_path, st))
+            return out
+
+        for info in await self._run(walk):
+            yield info
+
+    async def delete(self, key: str) -> None:
+        data_path, meta_path = self._paths(key)
+
+        def remove() -> None:
+            removed = False
+            for p in (data_path, meta_path):
+                try:
+                    os.unlink(p)
+                    removed = True
+                except FileNotFoundError:
+                    pass
+            if not removed:
+                return
+            _fsync_dir(os.path.dirname(data_path))
+            # Prune directories left empty, up to (not including) the store's top.
+            for p in (data_path, meta_path):
+                d = os.path.dirname(p)
+                while d not in (self.top, os.path.join(self.top, META_DIR)) and d.startswith(self.top):
+                    try:
+                        os.rmdir(d)
+                    except OSError:
+                        break
+                    d = os.path.dirname(d)
+
+        await self._run(remove)
+
+    async def aclose(self) -> None:
+        return None

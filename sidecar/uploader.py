@@ -1,0 +1,233 @@
+"""The upload queue: turns path hints into durable store operations, in a safe order.
+
+Hints (``mark_path``) are resolved against the disk when they arrive (file, directory, gone) and
+recorded in a :class:`~sidecar.queue.PendingSet`, which coalesces per path and enforces the delete
+barrier. ``concurrency`` workers take ready operations; each upload re-reads the file at handling
+time, so what lands is always the newest complete version. Store failures are retried with
+exponential backoff and jitter for as long as the process runs; the pending set keeps at most one
+entry per path meanwhile.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import stat
+import time
+
+import anyio
+import anyio.to_thread
+from anyio.abc import TaskStatus
+
+from sidecar import log, metrics
+from sidecar.localfs import TooLarge, Unstable, Vanished, read_stable, scan_root
+from sidecar.paths import IgnoreRules, Root, UnsafeKey, locate, make_key, split_key
+from sidecar.queue import DELETE, UPLOAD, Op, PendingSet
+from sidecar.store.base import ObjectInfo, Store, StoreError, TransientStoreError
+
+BACKOFF_START = 0.1
+BACKOFF_MAX = 30.0
+
+
+def backoff(attempt: int) -> float:
+    """Exponential backoff with full jitter: uniform in [d/2, d], d = 0.1 s doubling up to 30 s."""
+    d = min(BACKOFF_MAX, BACKOFF_START * (2 ** max(0, attempt - 1)))
+    return random.uniform(d / 2, d)
+
+
+class Uploader:
+    def __init__(
+        self,
+        store: Store,
+        roots: list[Root],
+        ignore: IgnoreRules,
+        *,
+        concurrency: int = 16,
+        max_file_size: int = 256 * 1024 * 1024,
+    ) -> None:
+        self.store = store
+        self.roots = roots
+        self.roots_by_name = {r.name: r for r in roots}
+        self.ignore = ignore
+        self.concurrency = concurrency
+        self.max_file_size = max_file_size
+        self.pending = PendingSet()
+        #: What the store is known to hold (from the last listing and our own writes).
+        self.remote: dict[str, ObjectInfo] = {}
+        self._dirty_since: dict[str, float] = {}
+        self._wake = anyio.Event()
+        self._idle = anyio.Event()
+        self._idle.set()
+        self._warned: set[tuple[str, str]] = set()
+        self.failing_since: float | None = None
+
+    # -- producers -------------------------------------------------------------------------
+    def _notify(self) -> None:
+        self._wake.set()
+        self._wake = anyio.Event()
+        metrics.PENDING.set(len(self.pending))
+        if self.pending.idle():
+            self._idle.set()
+        elif self._idle.is_set():
+            self._idle = anyio.Event()
+
+    def mark(self, key: str, kind: str) -> None:
+        if kind == UPLOAD:
+            self._dirty_since.setdefault(key, time.monotonic())
+        self.pending.mark(key, kind)  # type: ignore[arg-type]
+
+    def mark_keys(self, upload: list[str] = (), delete: list[str] = ()) -> None:  # type: ignore[assignment]
+        for k in upload:
+            self.mark(k, UPLOAD)
+        for k in delete:
+            self.mark(k, DELETE)
+        self._notify()
+
+    def mark_paths(self, paths: list[str]) -> None:
+        """Record hints about absolute paths (from the watcher)."""
+        for path in paths:
+            self._mark_path(path)
+        self._notify()
+
+    def _mark_path(self, path: str) -> None:
+        found = locate(path, self.roots)
+        if found is None:
+            return
+        root, rel = found
+        if not rel:
+            return  # the root itself: handled by the watcher's root tracking
+        try:
+            key = make_key(root, rel)
+        except UnsafeKey:
+            self._warn_once("unmirrorable_name", rel)
+            return
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            self._mark_gone(key)
+            return
+        except OSError:
+            return
+        if stat.S_ISREG(st.st_mode):
+            if not self.ignore.ignored(rel):
+                self.mark(key, UPLOAD)
+        elif stat.S_ISDIR(st.st_mode):
+            # a directory moved in brings files that produce no events of their own
+            files, _ = scan_root(Root(key, path), self.ignore)  # keys come out as key/...
+            for k in files:
+                self.mark(k, UPLOAD)
+        else:  # a symlink or special file replaced what was there: never mirrored
+            if stat.S_ISLNK(st.st_mode):
+                self._warn_once("symlink_skipped", key)
+            self._mark_gone(key)
+
+    def _mark_gone(self, key: str) -> None:
+        if key in self.remote or key in self.pending.pending or key in self.pending.inflight:
+            self.mark(key, DELETE)
+        prefix = key + "/"  # a directory deleted or moved away
+        for k in [k for k in self.remote if k.startswith(prefix)] + [
+            k for k in self.pending.keys() if k.startswith(prefix)
+        ]:
+            self.mark(k, DELETE)
+
+    def _warn_once(self, event: str, what: str) -> None:
+        if (event, what) not in self._warned:
+            self._warned.add((event, what))
+            log.warning(event, path=what)
+
+    # -- state -----------------------------------------------------------------------------
+    def idle(self) -> bool:
+        return self.pending.idle()
+
+    async def wait_idle(self) -> None:
+        while not self.pending.idle():
+            await self._idle.wait()
+
+    # -- workers ---------------------------------------------------------------------------
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        async with anyio.create_task_group() as tg:
+            for _ in range(self.concurrency):
+                tg.start_soon(self._worker)
+            task_status.started()
+
+    async def _worker(self) -> None:
+        while True:
+            op = self.pending.take()
+            if op is None:
+                await self._wake.wait()
+                continue
+            try:
+                await self._handle(op)
+            finally:
+                self._notify()  # wakes workers waiting on a barrier this op may have opened
+
+    async def _handle(self, op: Op) -> None:
+        started = self._dirty_since.pop(op.key, None) if op.kind == UPLOAD else None
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                if op.kind == UPLOAD:
+                    await self._upload(op, started)
+                else:
+                    await self.store.delete(op.key)
+                    self.remote.pop(op.key, None)
+                    metrics.DELETES.inc()
+                    log.debug("deleted", path=op.key)
+                self.pending.done(op)
+                if self.failing_since is not None:
+                    log.info("store_recovered", seconds=round(time.monotonic() - self.failing_since, 1))
+                    self.failing_since = None
+                    metrics.DEGRADED.set(0)
+                if self.pending.idle():
+                    metrics.LAST_SYNC.set(time.time())
+                return
+            except (TransientStoreError, StoreError) as e:
+                transient = isinstance(e, TransientStoreError)
+                metrics.FAILURES.labels("transient" if transient else "store").inc()
+                metrics.RETRIES.inc()
+                if self.failing_since is None:
+                    self.failing_since = time.monotonic()
+                    metrics.DEGRADED.set(1)
+                (log.warning if transient else log.error)(
+                    "store_retry", path=op.key, op=op.kind, attempt=attempt, error=str(e)
+                )
+                await anyio.sleep(backoff(attempt) * (1 if transient else 4))
+            except Unstable:
+                metrics.FAILURES.labels("unstable").inc()
+                await anyio.sleep(backoff(attempt))
+            except Exception as e:  # a bug or an unexpected OS error: never kill the daemon
+                metrics.FAILURES.labels("internal").inc()
+                log.error("operation_failed", exc=e, path=op.key, op=op.kind, attempt=attempt)
+                if attempt >= 5:
+                    self.pending.done(op)  # given up for now; the next reconcile tries again
+                    return
+                await anyio.sleep(backoff(attempt))
+
+    async def _upload(self, op: Op, started: float | None) -> None:
+        root, parts = split_key(op.key, self.roots_by_name)
+        path = os.path.join(root.path, *parts)
+        try:
+            data, meta = await anyio.to_thread.run_sync(read_stable, path, self.max_file_size)
+        except Vanished:
+            # gone since the hint: mirror the delete, behind the barrier like any other
+            if op.key in self.remote:
+                self.mark(op.key, DELETE)
+            return
+        except TooLarge as e:
+            metrics.SKIPPED.labels("too_large").inc()
+            self._warn_once("file_too_large", f"{op.key} ({e})")
+            return
+        except OSError as e:
+            metrics.SKIPPED.labels("unreadable").inc()
+            self._warn_once("file_unreadable", f"{op.key} ({e.strerror})")
+            return
+        known = self.remote.get(op.key)
+        if known is None or not known.same_as(meta):
+            info = await self.store.put(op.key, data, meta)
+            self.remote[op.key] = info
+            metrics.UPLOADS.inc()
+            metrics.UPLOAD_BYTES.inc(len(data))
+            log.debug("uploaded", path=op.key, bytes=len(data))
+        if started is not None:
+            metrics.LATENCY.observe(time.monotonic() - started)
