@@ -80,22 +80,28 @@ def has_regular_files(path: str) -> bool:
     return False
 
 
-def read_stable(path: str, max_size: int, attempts: int = 5) -> tuple[bytes, ObjectMeta]:
-    """The file's bytes and metadata, read without following symlinks and only if the file did not
-    change while it was read (retried ``attempts`` times)."""
+def read_stable(root: Root, parts: list[str], max_size: int, attempts: int = 5) -> tuple[bytes, ObjectMeta]:
+    """The bytes and metadata of ``root/parts...``, reached without following any symlink below
+    the root, and only if the file did not change while it was read (retried ``attempts`` times)."""
     for _ in range(attempts):
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+            dfd = _open_dir_nofollow(root.path, parts[:-1], create=False)
+        except (FileNotFoundError, NotADirectoryError, UnsafeTarget):
+            raise Vanished("/".join(parts)) from None
+        try:
+            fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
         except (FileNotFoundError, NotADirectoryError):
-            raise Vanished(path) from None
+            raise Vanished("/".join(parts)) from None
         except OSError as e:
             if e.errno == errno.ELOOP:  # a symlink: never followed
-                raise Vanished(path) from None
+                raise Vanished("/".join(parts)) from None
             raise
+        finally:
+            os.close(dfd)
         try:
             before = os.fstat(fd)
             if not stat.S_ISREG(before.st_mode):
-                raise Vanished(path)
+                raise Vanished("/".join(parts))
             if before.st_size > max_size:
                 raise TooLarge(f"{before.st_size} bytes > limit {max_size}")
             chunks = []
@@ -114,7 +120,17 @@ def read_stable(path: str, max_size: int, attempts: int = 5) -> tuple[bytes, Obj
             and after.st_ctime_ns == before.st_ctime_ns
         ):
             return data, ObjectMeta.of(data, after.st_mtime_ns, after.st_mode)
-    raise Unstable(path)
+    raise Unstable("/".join(parts))
+
+
+def below_root_without_links(root: Root, rel: str) -> bool:
+    """True when no directory between ``root`` and ``rel``'s parent is a symlink (cheap pre-check
+    for watcher hints; :func:`read_stable` enforces it race-free)."""
+    parent = os.path.dirname(rel)
+    if not parent:
+        return True
+    real_root = os.path.realpath(root.path)
+    return os.path.realpath(os.path.join(root.path, parent)) == os.path.join(real_root, parent)
 
 
 # -- restore side -------------------------------------------------------------------------------
@@ -126,7 +142,8 @@ class UnsafeTarget(Exception):
 def _open_dir_nofollow(root_path: str, parts: list[str], create: bool) -> int:
     """A directory fd for ``root_path/parts...`` walking one component at a time without
     following symlinks (the root itself may be a symlink an operator configured)."""
-    os.makedirs(root_path, mode=0o700, exist_ok=True)
+    if create:
+        os.makedirs(root_path, mode=0o700, exist_ok=True)
     fd = os.open(root_path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         for part in parts:

@@ -20,7 +20,7 @@ import anyio.to_thread
 from anyio.abc import TaskStatus
 
 from sidecar import log, metrics
-from sidecar.localfs import TooLarge, Unstable, Vanished, read_stable, scan_root
+from sidecar.localfs import TooLarge, Unstable, Vanished, below_root_without_links, read_stable, scan_root
 from sidecar.paths import IgnoreRules, Root, UnsafeKey, locate, make_key, split_key
 from sidecar.queue import DELETE, UPLOAD, Op, PendingSet
 from sidecar.store.base import ObjectInfo, Store, StoreError, TransientStoreError
@@ -89,11 +89,22 @@ class Uploader:
             self._mark_path(path)
         self._notify()
 
-    def _mark_path(self, path: str) -> None:
+    def _mark_path(self, path: str, resolved: bool = False) -> None:
         found = locate(path, self.roots)
         if found is None:
             return
         root, rel = found
+        if rel and not resolved and not below_root_without_links(root, rel):
+            # Reached through a symlinked directory. inotify watches inodes, so a symlink looping
+            # back into a root makes events of real files arrive under the link's path: map the
+            # real location back, and drop whatever really lies outside the roots.
+            real = os.path.realpath(os.path.dirname(path))
+            for r in self.roots:
+                real_root = os.path.realpath(r.path)
+                if real == real_root or real.startswith(real_root + "/"):
+                    self._mark_path(os.path.join(r.path, os.path.relpath(real, real_root),
+                                                 os.path.basename(path)), resolved=True)
+            return
         if not rel:
             return  # the root itself: handled by the watcher's root tracking
         try:
@@ -206,9 +217,8 @@ class Uploader:
 
     async def _upload(self, op: Op, started: float | None) -> None:
         root, parts = split_key(op.key, self.roots_by_name)
-        path = os.path.join(root.path, *parts)
         try:
-            data, meta = await anyio.to_thread.run_sync(read_stable, path, self.max_file_size)
+            data, meta = await anyio.to_thread.run_sync(read_stable, root, parts, self.max_file_size)
         except Vanished:
             # gone since the hint: mirror the delete, behind the barrier like any other
             if op.key in self.remote:

@@ -92,9 +92,18 @@ async def _watch_once(roots, ids, notify, stop, on_paths, debounce_ms) -> list[R
                     tg.cancel_scope.cancel()
                     return
 
+        async def on_batch(paths: list[str]) -> None:
+            # A root itself reported (removed or replaced): its inotify watch is dead even if a new
+            # directory reuses the inode number, so rebuild the watch.
+            hit = [r for r in roots if r.path in paths]
+            await on_paths(paths)
+            if hit:
+                changed.extend(hit)
+                tg.cancel_scope.cancel()
+
         tg.start_soon(poll_roots)
         if notify is not None:
-            tg.start_soon(_pump, notify, stop, on_paths, debounce_ms)
+            tg.start_soon(_pump, notify, stop, on_batch, debounce_ms)
     return changed
 
 

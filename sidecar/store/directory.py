@@ -120,6 +120,14 @@ class DirectoryStore:
         data_path, meta_path = self._paths(key)
 
         def write() -> ObjectInfo:
+            # A stale upload never replaces a newer version (mtime_ns is the version stamp).
+            try:
+                st = os.stat(data_path, follow_symlinks=False)
+                current = self._info(key, data_path, meta_path, st)
+                if current.sha256 is not None and current.mtime_ns > meta.mtime_ns:
+                    return current
+            except (FileNotFoundError, NotADirectoryError):
+                pass
             data_mtime = _write_atomic(data_path, data, meta.mode, meta.mtime_ns)
             record = {
                 "size": meta.size,

@@ -1,0 +1,109 @@
+"""``run -- CMD``: exit codes, signal forwarding, restore gating, parent death."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from support import Sidecar, run_cli, sidecar_cmd, sidecar_env, store_tree, wait_for, write_atomic
+
+
+def test_child_exit_code_is_passed_through(work):
+    work, store = work
+    r = run_cli("run", "--store", str(store), "--", sys.executable, "-c", "raise SystemExit(3)", cwd=work)
+    assert r.returncode == 3
+    r = run_cli("run", "--store", str(store), "--", sys.executable, "-c",
+                "import os, signal; os.kill(os.getpid(), signal.SIGKILL)", cwd=work)
+    assert r.returncode == 128 + 9
+
+
+def test_child_writes_are_durable_when_the_wrapper_exits(work):
+    work, store = work
+    code = ("import os\nos.makedirs('.checkpoints/c', exist_ok=True)\n"
+            "for i in range(50):\n open(f'.checkpoints/c/{i}.json.tmp','w').write(str(i)); "
+            "os.replace(f'.checkpoints/c/{i}.json.tmp', f'.checkpoints/c/{i}.json')\n")
+    r = run_cli("run", "--store", str(store), "--", sys.executable, "-c", code, cwd=work)
+    assert r.returncode == 0, r.stderr
+    assert store_tree(store) == {f"c/{i}.json": str(i).encode() for i in range(50)}
+
+
+def test_failed_restore_never_starts_the_command(work):
+    work, store = work
+    blocker = work.parent / "file"
+    blocker.write_text("x")
+    marker = work / "started"
+    r = run_cli("run", "--store", str(blocker / "s"), "--", "touch", str(marker), cwd=work)
+    assert r.returncode == 1 and "cannot reach the store" in r.stderr
+    assert not marker.exists()
+
+
+def test_missing_command_and_bad_config(work):
+    work, store = work
+    r = run_cli("run", "--store", str(store), "--", "/no/such/binary", cwd=work)
+    assert r.returncode == 127 and "command not found" in r.stderr
+    r = run_cli("run", "--store", str(store), cwd=work)
+    assert r.returncode == 2
+    r = run_cli("sync", "--store", "ftp://x", "--concurrency", "0", cwd=work)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 2
+
+
+TRAP = """
+import os, signal, sys, time
+def bye(sig, frame):
+    os.makedirs('.checkpoints/c', exist_ok=True)
+    open('.checkpoints/c/last.json', 'w').write('written on ' + signal.Signals(sig).name)
+    sys.exit(0)
+signal.signal(signal.SIGTERM, bye)
+signal.signal(signal.SIGHUP, lambda *a: open('hup', 'w').write('hup'))
+open('ready', 'w').write(str(os.getpid()))
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_signals_are_forwarded_and_the_last_write_flushed(work):
+    work, store = work
+    sc = Sidecar(work, "run", "--store", str(store), "--", sys.executable, "-c", TRAP)
+    wait_for(lambda: (work / "ready").exists(), 15, "child started")
+    sc.send(signal.SIGHUP)
+    wait_for(lambda: (work / "hup").exists(), 5, "SIGHUP forwarded")
+    assert sc.stop(signal.SIGTERM) == 0, sc.log()
+    assert store_tree(store) == {"c/last.json": b"written on SIGTERM"}
+
+
+def test_child_is_terminated_when_the_wrapper_dies(work):
+    work, store = work
+    sc = Sidecar(work, "run", "--store", str(store), "--", sys.executable, "-c", TRAP)
+    wait_for(lambda: (work / "ready").exists(), 15, "child started")
+    child = int((work / "ready").read_text())
+    os.kill(sc.proc.pid, signal.SIGKILL)  # only the wrapper
+    sc.proc.wait(5)
+
+    def gone():
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            return True
+        with open(f"/proc/{child}/stat") as f:
+            return f.read().split(")")[1].split()[0] == "Z"
+
+    wait_for(gone, 10, "orphaned child to exit")
+
+
+def test_second_signal_abandons_the_flush(work):
+    work, store = work
+    sc = Sidecar(work, "run", "--store", str(store), "--drain-timeout", "120", "--", sys.executable, "-c", TRAP)
+    wait_for(lambda: (work / "ready").exists(), 15, "child started")
+    # break the store: its root directory becomes a file, so every upload fails and is retried
+    store.mkdir(exist_ok=True)
+    (store / ".checkpoints").write_text("not a directory")
+    sc.send(signal.SIGTERM)
+    sc.wait_event("child_exited")
+    wait_for(lambda: sc.has_event("store_retry"), 10, "upload failing")
+    assert sc.proc.poll() is None  # still trying to flush
+    assert sc.stop(signal.SIGTERM, timeout=10) == 0  # the child's code, promptly
+    assert sc.has_event("flush_abandoned") and sc.has_event("shutdown_pending")

@@ -1,0 +1,491 @@
+"""Azure Blob store specifics: URLs, credentials, errors, redaction, conditional writes, MD5."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import os
+import shutil
+import socket
+import tempfile
+from urllib.parse import quote
+
+import pytest
+from azure.core.credentials import AzureSasCredential
+from azure.core.exceptions import (
+    ClientAuthenticationError,
+    HttpResponseError,
+    ServiceRequestError,
+    ServiceResponseError,
+)
+from azure.storage.blob import ContentSettings
+
+from sidecar.store import make_store
+from sidecar.store.azure import AzureBlobStore, parse_store_url, redact
+from sidecar.store.base import NotFound, ObjectMeta, StoreError, TransientStoreError
+from tests.azurite import DEV_KEY, Azurite, AzuriteUnavailable, find_azurite_command, free_port
+
+pytestmark = pytest.mark.anyio
+
+SIG = "s3cr3tS1gnatureVALUE%2Bq%3D"
+SAS = f"sv=2022-11-02&ss=b&srt=co&sp=rwdlac&se=2030-01-01T00:00:00Z&sig={SIG}"
+FAKE_KEY = base64.b64encode(b"not the real key, but 64 bytes long, like a real one is...!!!!!!").decode()
+assert len(FAKE_KEY) == 88 and FAKE_KEY.endswith("==")
+
+
+def meta(data: bytes, mtime_ns: int, mode: int = 0o600) -> ObjectMeta:
+    return ObjectMeta.of(data, mtime_ns, mode)
+
+
+def secrets_absent(text: str, *secrets: str) -> bool:
+    from urllib.parse import unquote
+
+    return not any(s and (s in text or unquote(s) in text) for s in secrets)
+
+
+# -- URL parsing ---------------------------------------------------------------------------------
+
+def test_host_style_url():
+    loc = parse_store_url("https://myacct.blob.core.windows.net/ckpt")
+    assert (loc.account, loc.container, loc.prefix, loc.path_style) == ("myacct", "ckpt", "", False)
+    assert loc.endpoint == "https://myacct.blob.core.windows.net"
+    loc = parse_store_url("https://myacct.blob.core.windows.net/ckpt/team/a/", "pod-1/x")
+    assert (loc.container, loc.prefix) == ("ckpt", "team/a/pod-1/x")
+    loc = parse_store_url("https://myacct.privatelink.blob.core.windows.net/ckpt", "/p/")
+    assert (loc.account, loc.prefix) == ("myacct", "p")
+    assert parse_store_url("https://myacct.blob.core.chinacloudapi.cn/c-1").account == "myacct"
+
+
+def test_path_style_url():
+    loc = parse_store_url("http://127.0.0.1:10000/devstoreaccount1/ckpt/base", "pfx")
+    assert (loc.account, loc.container, loc.prefix, loc.path_style) == ("devstoreaccount1", "ckpt", "base/pfx", True)
+    assert loc.endpoint == "http://127.0.0.1:10000/devstoreaccount1"
+    assert parse_store_url("http://localhost:10000/devstoreaccount1/ckpt").path_style
+    assert parse_store_url("http://[::1]:10000/devstoreaccount1/ckpt").endpoint == "http://[::1]:10000/devstoreaccount1"
+    # A custom host (a compose service name) is path style when the first segment is the account
+    # named by the connection string or AZURE_STORAGE_ACCOUNT.
+    loc = parse_store_url("http://azurite:10000/devstoreaccount1/ckpt", known_account="devstoreaccount1")
+    assert (loc.account, loc.container, loc.endpoint) == ("devstoreaccount1", "ckpt", "http://azurite:10000/devstoreaccount1")
+    # Percent-encoded prefixes are decoded: the prefix is a blob-name prefix, not a URL path.
+    assert parse_store_url("http://127.0.0.1:10000/devstoreaccount1/ckpt/my%20dir").prefix == "my dir"
+
+
+@pytest.mark.parametrize("url, prefix, words", [
+    ("ftp://acct.blob.core.windows.net/ckpt", "", "scheme"),
+    ("https://acct.blob.core.windows.net", "", "no container"),
+    ("https://acct.blob.core.windows.net/", "", "no container"),
+    ("http://127.0.0.1:10000/devstoreaccount1", "", "no container"),
+    ("http://127.0.0.1:10000/", "", "no account"),
+    ("https://acct.blob.core.windows.net/Bad_Name", "", "container name"),
+    ("https://acct.blob.core.windows.net/ab", "", "container name"),
+    ("https://acct.blob.core.windows.net/a--b", "", "container name"),
+    ("http://127.0.0.1:10000/Dev_Account/ckpt", "", "account name"),
+    ("https://acct.blob.core.windows.net/ckpt/../x", "", "prefix"),
+    ("https://acct.blob.core.windows.net/ckpt", "../up", "SIDECAR_PREFIX"),
+    ("https://acct.blob.core.windows.net/ckpt", "a\\b", "SIDECAR_PREFIX"),
+    ("https://acct.blob.core.windows.net/ckpt?foo=bar", "", "not a SAS"),
+    ("https://acct.blob.core.windows.net/ckpt#frag", "", "fragment"),
+    ("https://user:pw@acct.blob.core.windows.net/ckpt", "", "user name"),
+    ("https://storage.example.com/ckpt", "", "cannot tell the storage account"),
+    ("https://acct.blob.core.windows.net:notaport/ckpt", "", "not a valid URL"),
+])
+def test_bad_urls_are_clear_value_errors(url, prefix, words):
+    with pytest.raises(ValueError) as e:
+        AzureBlobStore.from_url(url, prefix, env={"AZURE_STORAGE_KEY": FAKE_KEY})
+    msg = str(e.value)
+    assert words in msg and "\n" not in msg
+    assert e.value.__cause__ is None and e.value.__suppress_context__
+
+
+def test_bad_url_error_never_echoes_a_sas():
+    with pytest.raises(ValueError) as e:
+        AzureBlobStore.from_url(f"https://acct.blob.core.windows.net/Bad_Name?{SAS}", env={})
+    assert "container name" in str(e.value) and secrets_absent(str(e.value), SIG)
+
+
+async def test_description_has_no_secret_and_names_the_place():
+    store = AzureBlobStore.from_url(f"https://acct.blob.core.windows.net/ckpt/base?{SAS}", "pfx", env={})
+    try:
+        assert store.description == "https://acct.blob.core.windows.net/ckpt/base/pfx"
+        assert secrets_absent(repr(store) + store.description, SIG)
+    finally:
+        await store.aclose()
+
+
+async def test_make_store_builds_an_azure_store(monkeypatch):
+    monkeypatch.setenv("AZURE_STORAGE_KEY", FAKE_KEY)
+    monkeypatch.delenv("AZURE_STORAGE_CONNECTION_STRING", raising=False)
+    store = make_store("https://acct.blob.core.windows.net/ckpt", "p")
+    try:
+        assert isinstance(store, AzureBlobStore)
+        assert (store.account, store.container_name, store.prefix) == ("acct", "ckpt", "p")
+        assert store.credential_source == "account key"
+    finally:
+        await store.aclose()
+
+
+# -- credential order ----------------------------------------------------------------------------
+
+CONN = ("DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;"
+        f"AccountKey={DEV_KEY};BlobEndpoint=http://127.0.0.1:10999/devstoreaccount1;")
+
+
+@pytest.mark.parametrize("env, url_sas, source", [
+    ({"AZURE_STORAGE_CONNECTION_STRING": CONN, "AZURE_STORAGE_KEY": FAKE_KEY, "AZURE_STORAGE_SAS_TOKEN": SAS}, True, "connection string"),
+    ({"AZURE_STORAGE_KEY": FAKE_KEY, "AZURE_STORAGE_SAS_TOKEN": SAS}, True, "account key"),
+    ({"AZURE_STORAGE_SAS_TOKEN": "?" + SAS}, False, "SAS token"),
+    ({}, True, "SAS token"),
+    ({"AZURE_CLIENT_ID": "00000000-0000-0000-0000-000000000001"}, False, "DefaultAzureCredential"),
+    ({}, False, "DefaultAzureCredential"),
+])
+async def test_credential_order(env, url_sas, source):
+    from azure.identity.aio import DefaultAzureCredential
+
+    url = "https://acct.blob.core.windows.net/ckpt/base" + (f"?{SAS}" if url_sas else "")
+    store = AzureBlobStore.from_url(url, "p", env=env)
+    try:
+        assert store.credential_source == source
+        cred = store._service.credential
+        if source == "connection string":
+            # The endpoint comes from the connection string; container and prefix from the URL.
+            assert store.endpoint == "http://127.0.0.1:10999/devstoreaccount1"
+            assert (store.account, store.container_name, store.prefix) == ("devstoreaccount1", "ckpt", "base/p")
+            assert cred.account_name == "devstoreaccount1"
+        elif source == "account key":
+            assert cred.account_name == "acct" and store.endpoint == "https://acct.blob.core.windows.net"
+        elif source == "SAS token":
+            assert isinstance(cred, AzureSasCredential) and cred.signature == SAS
+        else:
+            # Checked by type only: no Azure AD token can be obtained in this sandbox (no IMDS,
+            # no workload identity, no network to the identity endpoints).
+            assert isinstance(cred, DefaultAzureCredential)
+            assert store._creds.client_id == env.get("AZURE_CLIENT_ID")
+        assert secrets_absent(store.description + repr(store), SIG, FAKE_KEY, DEV_KEY)
+    finally:
+        await store.aclose()
+
+
+def test_token_credential_needs_https():
+    with pytest.raises(ValueError, match="HTTPS"):
+        AzureBlobStore.from_url("http://127.0.0.1:10000/devstoreaccount1/ckpt", env={})
+
+
+def test_bad_credentials_are_value_errors_without_secrets():
+    with pytest.raises(ValueError) as e:
+        AzureBlobStore.from_url("https://acct.blob.core.windows.net/ckpt",
+                                env={"AZURE_STORAGE_SAS_TOKEN": "sv=2022&se=2030&nosignature=" + SIG})
+    assert "SAS" in str(e.value) and secrets_absent(str(e.value), SIG)
+    with pytest.raises(ValueError) as e:
+        AzureBlobStore.from_url("https://acct.blob.core.windows.net/ckpt",
+                                env={"AZURE_STORAGE_CONNECTION_STRING": f"garbage;AccountKey={FAKE_KEY}"})
+    assert "connection string" in str(e.value) and secrets_absent(str(e.value), FAKE_KEY)
+
+
+# -- redaction -----------------------------------------------------------------------------------
+
+def test_redact_patterns():
+    jwt = "eyJhbGciOiJSUzI1NiJ9.eyJhdWQiOiJodHRwczovL3N0b3JhZ2UifQ.c2lnbmF0dXJlLXBhcnQ"
+    text = (
+        f"conn DefaultEndpointsProtocol=https;AccountName=acct;AccountKey={FAKE_KEY};EndpointSuffix=x "
+        f"url https://acct.blob.core.windows.net/c/b?{SAS} "
+        f"SharedAccessSignature=sv=2022&sig=abcDEF123 "
+        f"Authorization: Bearer {jwt} header SharedKey acct:c2lnbmF0dXJl= "
+        f"bare {FAKE_KEY} token={jwt} client_secret=hunter2hunter2"
+    )
+    out = redact(text)
+    for secret in (FAKE_KEY, SIG, "abcDEF123", jwt, "c2lnbmF0dXJl=", "hunter2hunter2"):
+        assert secret not in out, secret
+    # What is not secret survives, so the message stays useful.
+    for keep in ("AccountName=acct", "acct.blob.core.windows.net/c/b", "sv=2022-11-02", "se=2030-01-01",
+                 "SharedKey acct:***", "Bearer ***", "AccountKey=***", "sig=***"):
+        assert keep in out, keep
+
+
+def test_redact_known_secrets_in_any_form():
+    key = "plain-secret-value/with+chars=="
+    out = redact(f"a {key} b {quote(key, safe='')} c", secrets=[quote(key, safe=''), key])
+    assert key not in out and quote(key, safe="") not in out and out.startswith("a *** b")
+    assert redact("nothing secret here: account 'acct' container 'ckpt'") == \
+        "nothing secret here: account 'acct' container 'ckpt'"
+
+
+# -- error classification (synthetic SDK errors: throttling and DNS cannot be produced here) ------
+
+def _http_error(status: int, code: str, cls=HttpResponseError) -> HttpResponseError:
+    e = cls(message=f"boom\nRequestId:1\nErrorCode:{code}")
+    e.status_code, e.error_code = status, code
+    return e
+
+
+@pytest.mark.parametrize("make_error, opened, transient, words", [
+    (lambda: _http_error(429, "TooManyRequests"), True, True, "throttled"),
+    (lambda: _http_error(503, "ServerBusy"), True, True, "throttled"),
+    (lambda: _http_error(500, "InternalError"), True, True, "service error"),
+    (lambda: _http_error(403, "AuthenticationFailed", ClientAuthenticationError), True, False, "authentication failed"),
+    (lambda: _http_error(403, "AuthorizationPermissionMismatch"), True, False, "Storage Blob Data Contributor"),
+    (lambda: _http_error(404, "ContainerNotFound"), True, False, "container does not exist"),
+    (lambda: ClientAuthenticationError("DefaultAzureCredential failed\nManagedIdentity: no"), True, False, "no usable Azure credential"),
+    (lambda: ServiceRequestError("dns", error=socket.gaierror(-2, "Name or service not known")), False, False, "cannot resolve"),
+    (lambda: ServiceRequestError("dns", error=socket.gaierror(-3, "Temporary failure")), True, True, "cannot resolve"),
+    (lambda: ServiceRequestError("refused", error=ConnectionRefusedError(111, "refused")), False, False, "connection refused"),
+    (lambda: ServiceRequestError("refused", error=ConnectionRefusedError(111, "refused")), True, True, "connection refused"),
+    (lambda: ServiceResponseError("timeout", error=TimeoutError()), True, True, "timed out"),
+    (lambda: ServiceRequestError("tls", error=__import__("ssl").SSLCertVerificationError("bad cert")), True, False, "TLS"),
+])
+async def test_error_classification(make_error, opened, transient, words):
+    store = AzureBlobStore.from_url("https://acct.blob.core.windows.net/ckpt",
+                                    env={"AZURE_CLIENT_ID": "x"})
+    try:
+        store._opened = opened
+        err = store._error(make_error(), "uploading 'k'")
+        assert isinstance(err, StoreError)
+        assert isinstance(err, TransientStoreError) is transient
+        msg = str(err)
+        assert words in msg and "\n" not in msg
+        assert "'acct'" in msg and "'ckpt'" in msg
+    finally:
+        await store.aclose()
+
+
+# -- against Azurite -----------------------------------------------------------------------------
+
+@pytest.mark.azure
+async def test_missing_container_is_created(azure_stores):
+    async with azure_stores.raw() as svc:
+        container = svc.get_container_client(azure_stores.container)
+        assert not await container.exists()
+        store = await azure_stores("p")
+        assert await container.exists()
+        await store.open()  # opening again (container present) is fine
+        again = await azure_stores("p")  # and so is a second store object on it
+        assert [i async for i in again.list()] == []
+
+
+@pytest.mark.azure
+async def test_wrong_account_key_is_one_clear_permanent_line(azure_stores, azurite):
+    bad = base64.b64encode(os.urandom(64)).decode()
+    store = await azure_stores("p", env={"AZURE_STORAGE_KEY": bad}, url=azure_stores.url, open=False)
+    with pytest.raises(StoreError) as e:
+        await store.open()
+    err = e.value
+    assert not isinstance(err, TransientStoreError)  # exit-worthy: retrying will not fix it
+    msg = str(err)
+    assert "\n" not in msg
+    assert azurite.account in msg and azure_stores.container in msg and "AZURE_STORAGE_KEY" in msg
+    assert secrets_absent(msg, bad, quote(bad, safe=""), DEV_KEY)
+    assert err.__cause__ is None and err.__suppress_context__
+
+
+@pytest.mark.azure
+async def test_wrong_key_in_connection_string(azure_stores, azurite):
+    bad = base64.b64encode(os.urandom(64)).decode()
+    conn = azurite.connection_string.replace(azurite.key, bad)
+    store = await azure_stores(env={"AZURE_STORAGE_CONNECTION_STRING": conn}, open=False)
+    with pytest.raises(StoreError) as e:
+        await store.open()
+    assert not isinstance(e.value, TransientStoreError)
+    assert "AZURE_STORAGE_CONNECTION_STRING" in str(e.value)
+    assert secrets_absent(str(e.value), bad)
+
+
+async def test_unreachable_endpoint_at_open_is_permanent():
+    # Decision: connection refused (or DNS failure) before the store was ever reached is a
+    # configuration error -> StoreError, exit-worthy. The same failure after a successful
+    # open() is an outage -> TransientStoreError (see test_outage_after_open_is_transient).
+    port = free_port()  # nothing listens there
+    store = AzureBlobStore.from_url(f"http://127.0.0.1:{port}/devstoreaccount1/ckpt", env={"AZURE_STORAGE_KEY": FAKE_KEY},
+                                    retry_total=1, retry_backoff=0.05)
+    try:
+        with pytest.raises(StoreError) as e:
+            await store.open()
+        assert not isinstance(e.value, TransientStoreError)
+        msg = str(e.value)
+        assert "connection refused" in msg and f"127.0.0.1:{port}" in msg
+        assert "devstoreaccount1" in msg and "ckpt" in msg and "\n" not in msg
+        assert secrets_absent(msg, FAKE_KEY)
+    finally:
+        await store.aclose()
+
+
+@pytest.mark.azure
+@pytest.mark.faults
+async def test_outage_after_open_is_transient(tmp_path):
+    try:
+        find_azurite_command()
+    except AzuriteUnavailable as e:
+        pytest.skip(str(e))
+    server = Azurite(str(tmp_path / "azurite")).start()
+    store = None
+    try:
+        store = AzureBlobStore.from_url(server.url + "/outage", env={"AZURE_STORAGE_CONNECTION_STRING": server.connection_string},
+                                        retry_total=1, retry_backoff=0.05)
+        await store.open()
+        await store.put("k", b"before", meta(b"before", 1))
+        server.stop()
+        for op in (lambda: store.put("k", b"during", meta(b"during", 2)), lambda: store.get("k")):
+            with pytest.raises(TransientStoreError) as e:
+                await op()
+            assert "connection refused" in str(e.value) and "will retry" in str(e.value)
+        server.start()  # same port and location: the data survived
+        assert (await store.get("k"))[0] == b"before"
+        assert (await store.put("k", b"after", meta(b"after", 3))).mtime_ns == 3
+    finally:
+        if store is not None:
+            await store.aclose()
+        server.stop()
+
+
+@pytest.mark.azure
+async def test_content_md5_and_metadata_on_uploaded_blobs(azure_stores):
+    small = await azure_stores("md5")
+    blocky = await azure_stores("md5", max_single_put_size=256 * 1024, max_block_size=64 * 1024, max_concurrency=3)
+    one = b"checkpoint bytes" * 100
+    many = os.urandom(1024 * 1024 + 123)  # block upload: 17 blocks
+    await small.put("r/one", one, meta(one, 11, 0o640))
+    await blocky.put("r/many", many, meta(many, 12, 0o600))
+    async with azure_stores.raw() as svc:
+        container = svc.get_container_client(azure_stores.container)
+        for name, data, mtime, mode in (("md5/r/one", one, 11, "640"), ("md5/r/many", many, 12, "600")):
+            props = await container.get_blob_client(name).get_blob_properties()
+            assert props.content_settings.content_md5 == hashlib.md5(data).digest(), name
+            assert props.metadata == {"sidecar_sha256": hashlib.sha256(data).hexdigest(),
+                                      "sidecar_mtime_ns": str(mtime), "sidecar_mode": mode}
+            assert props.blob_type == "BlockBlob" and props.size == len(data)
+    assert (await small.get("r/many"))[0] == many
+
+
+@pytest.mark.azure
+async def test_foreign_blob_without_metadata(azure_stores):
+    store = await azure_stores("f")
+    async with azure_stores.raw() as svc:
+        await svc.get_container_client(azure_stores.container).upload_blob("f/r/foreign", b"abc")
+    [info] = [i async for i in store.list()]
+    assert info.key == "r/foreign" and info.sha256 is None and info.size == 3 and info.etag
+    data, ginfo = await store.get("r/foreign")
+    assert data == b"abc" and ginfo.sha256 is None
+    # Our upload replaces it (a blob without our stamp counts as oldest).
+    new = await azure_stores("f")
+    assert (await new.put("r/foreign", b"ours", meta(b"ours", 5))).mtime_ns == 5
+    assert (await store.get("r/foreign"))[1].sha256 == hashlib.sha256(b"ours").hexdigest()
+
+
+class RequestCounter:
+    def __init__(self) -> None:
+        self.requests: list[str] = []
+
+    def __call__(self, request) -> None:
+        req = request.http_request
+        self.requests.append(f"{req.method} {req.url.split('?')[0].rsplit('/', 1)[-1]}")
+
+
+@pytest.mark.azure
+async def test_steady_state_costs_one_request(azure_stores):
+    counter = RequestCounter()
+    store = await azure_stores("steady", raw_request_hook=counter)
+    for i in range(3):
+        await store.put(f"r/f{i}", b"x", meta(b"x", 1))
+    counter.requests.clear()
+    infos = [i async for i in store.list()]  # one paged pass, metadata included, no HEADs
+    assert len(infos) == 3 and all(i.sha256 for i in infos)
+    assert counter.requests == [f"GET {azure_stores.container}"]
+    counter.requests.clear()
+    for i in range(3):  # updates of known blobs: one conditional PUT each
+        await store.put(f"r/f{i}", b"y", meta(b"y", 2))
+    await store.put("r/new", b"n", meta(b"n", 2))  # a new blob: one PUT (If-None-Match: *)
+    assert counter.requests == ["PUT f0", "PUT f1", "PUT f2", "PUT new"]
+    counter.requests.clear()
+    # A blob changed behind our back: one failed PUT, one HEAD, one PUT.
+    other = await azure_stores("steady")
+    await other.put("r/f0", b"z", meta(b"z", 3))
+    await store.put("r/f0", b"w", meta(b"w", 4))
+    assert counter.requests == ["PUT f0", "HEAD f0", "PUT f0"]
+    assert (await other.get("r/f0"))[0] == b"w"
+
+
+@pytest.mark.azure
+async def test_blob_deleted_behind_our_back_is_written_again(azure_stores):
+    store = await azure_stores("del")
+    other = await azure_stores("del")
+    await store.put("r/k", b"1", meta(b"1", 1))
+    await other.delete("r/k")
+    assert (await store.put("r/k", b"2", meta(b"2", 2))).mtime_ns == 2
+    assert (await other.get("r/k"))[0] == b"2"
+    with pytest.raises(NotFound):
+        await other.get("r/gone")
+
+
+# -- the race: the newer version always wins ------------------------------------------------------
+
+OLD, NEW = b"older version" * 50, b"newer version" * 60
+OLD_META, NEW_META = meta(OLD, 1_000), meta(NEW, 2_000)
+
+
+async def _assert_newer_won(store: AzureBlobStore, key: str) -> None:
+    data, info = await store.get(key)
+    assert data == NEW and info.mtime_ns == NEW_META.mtime_ns and info.sha256 == NEW_META.sha256, key
+
+
+@pytest.mark.azure
+@pytest.mark.parametrize("block_upload", [False, True], ids=["single-put", "block-upload"])
+async def test_race_newer_always_wins(azure_stores, block_upload):
+    opts = dict(max_single_put_size=256, max_block_size=128) if block_upload else {}
+    a = await azure_stores("race", **opts)
+    b = await azure_stores("race", **opts)
+
+    # 1. Sequential, both orders, same store object and two store objects.
+    for first, second, tag in ((a, a, "aa"), (a, b, "ab"), (b, a, "ba")):
+        for order in ("old-new", "new-old"):
+            key = f"seq/{tag}/{order}"
+            steps = [(OLD, OLD_META), (NEW, NEW_META)]
+            if order == "new-old":
+                steps.reverse()
+            r1 = await first.put(key, *steps[0])
+            r2 = await second.put(key, *steps[1])
+            assert r1.mtime_ns == steps[0][1].mtime_ns
+            assert r2.mtime_ns == NEW_META.mtime_ns  # the stale one reports the newer, stored one
+            await _assert_newer_won(a, key)
+
+    # 2. Both stores hold a stale ETag for an existing blob, then write in either order.
+    for order in ("old-first", "new-first"):
+        key = f"stale/{order}"
+        await a.put(key, b"v0", meta(b"v0", 500))
+        assert [i.key async for i in b.list(key)] == [key]  # b caches the same ETag as a
+        if order == "old-first":
+            await a.put(key, OLD, OLD_META)
+            assert (await b.put(key, NEW, NEW_META)).mtime_ns == NEW_META.mtime_ns
+        else:
+            await b.put(key, NEW, NEW_META)
+            assert (await a.put(key, OLD, OLD_META)).mtime_ns == NEW_META.mtime_ns
+        await _assert_newer_won(a, key)
+
+    # 3. Truly concurrent uploads, from two store objects and from one, in both start orders,
+    #    on fresh keys (both believe it absent) and on existing keys (both hold an ETag).
+    rounds = 4 if block_upload else 8
+    for i in range(rounds):
+        for existing in (False, True):
+            for tag, (s_old, s_new) in (("two", (a, b)), ("two-rev", (b, a)), ("one", (a, a))):
+                key = f"conc/{existing}/{tag}/{i}"
+                if existing:
+                    await a.put(key, b"v0", meta(b"v0", 1))
+                    [_ async for _ in b.list(key)]
+                jobs = [s_old.put(key, OLD, OLD_META), s_new.put(key, NEW, NEW_META)]
+                if i % 2:
+                    jobs.reverse()
+                await asyncio.gather(*jobs)
+                await _assert_newer_won(a, key)
+                await _assert_newer_won(b, key)
+
+
+async def test_retry_policy_is_exponential_with_jitter():
+    store = AzureBlobStore.from_url("https://acct.blob.core.windows.net/ckpt", env={"AZURE_STORAGE_KEY": FAKE_KEY},
+                                    retry_total=5, retry_backoff=0.5)
+    try:
+        policy = store._service._config.retry_policy
+        assert policy.total_retries == 5
+        for n, nominal in ((1, 0.5), (2, 1.0), (3, 2.0), (4, 4.0), (10, 30.0)):
+            waits = {policy.get_backoff_time({"count": n}) for _ in range(50)}
+            assert all(nominal * 0.5 <= w <= nominal * 1.5 for w in waits), (n, waits)
+            assert len(waits) > 1  # jittered
+    finally:
+        await store.aclose()

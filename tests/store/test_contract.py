@@ -1,0 +1,184 @@
+"""The contract every store backend passes: the directory store and Azure Blob (on Azurite)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import pytest
+
+from sidecar.store.base import NotFound, ObjectInfo, ObjectMeta, Store, StoreError
+
+pytestmark = pytest.mark.anyio
+
+
+def meta(data: bytes, mtime_ns: int = 1_700_000_000_123_456_789, mode: int = 0o640) -> ObjectMeta:
+    return ObjectMeta.of(data, mtime_ns, mode)
+
+
+async def listed(store: Store, prefix: str = "") -> dict[str, ObjectInfo]:
+    return {info.key: info async for info in store.list(prefix)}
+
+
+async def test_is_a_store(make_store):
+    store = await make_store()
+    assert isinstance(store, Store)
+    assert store.description
+
+
+async def test_put_get_round_trip_with_metadata(make_store):
+    store = await make_store()
+    data = b'{"checkpoint": 1}'
+    m = meta(data, mtime_ns=1_700_000_000_987_654_321, mode=0o640)
+    info = await store.put("root/a/ckpt.json", data, m)
+    assert (info.key, info.size, info.sha256, info.mtime_ns, info.mode) == (
+        "root/a/ckpt.json", len(data), m.sha256, m.mtime_ns, 0o640)
+    assert info.same_as(m) and info.etag
+    got, ginfo = await store.get("root/a/ckpt.json")
+    assert got == data
+    assert ginfo.same_as(m) and ginfo.key == "root/a/ckpt.json" and ginfo.etag
+
+
+async def test_overwrite_with_newer(make_store):
+    store = await make_store()
+    await store.put("r/f", b"one", meta(b"one", mtime_ns=1000))
+    info = await store.put("r/f", b"two two", meta(b"two two", mtime_ns=2000, mode=0o600))
+    assert info.mtime_ns == 2000 and info.size == 7
+    data, ginfo = await store.get("r/f")
+    assert data == b"two two" and ginfo.same_as(meta(b"two two", 2000, 0o600))
+    assert list(await listed(store)) == ["r/f"]
+
+
+async def test_list_by_prefix_and_nested_keys(make_store):
+    store = await make_store()
+    keys = ["r/a.json", "r/sub/b.json", "r/sub/deeper/c", "rx/y", "other/x"]
+    metas = {}
+    for i, k in enumerate(keys):
+        data = k.encode() * (i + 1)
+        metas[k] = meta(data, mtime_ns=1000 + i, mode=0o600 + i)
+        await store.put(k, data, metas[k])
+    everything = await listed(store)
+    assert sorted(everything) == sorted(keys)
+    for k, info in everything.items():
+        assert info.same_as(metas[k]), k
+        assert info.etag
+    assert sorted(await listed(store, "r/")) == ["r/a.json", "r/sub/b.json", "r/sub/deeper/c"]
+    assert sorted(await listed(store, "r/sub/")) == ["r/sub/b.json", "r/sub/deeper/c"]
+    assert sorted(await listed(store, "r")) == ["r/a.json", "r/sub/b.json", "r/sub/deeper/c", "rx/y"]
+    assert sorted(await listed(store, "r/sub/deeper/c")) == ["r/sub/deeper/c"]
+    assert await listed(store, "nothing/") == {}
+
+
+async def test_list_of_empty_store(make_store):
+    store = await make_store("fresh")
+    assert await listed(store) == {}
+
+
+async def test_delete_is_idempotent(make_store):
+    store = await make_store()
+    await store.put("r/d/x", b"x", meta(b"x"))
+    await store.put("r/d/keep", b"k", meta(b"k"))
+    await store.delete("r/d/x")
+    with pytest.raises(NotFound):
+        await store.get("r/d/x")
+    assert list(await listed(store)) == ["r/d/keep"]
+    await store.delete("r/d/x")
+    await store.delete("never/was/here")
+    assert list(await listed(store)) == ["r/d/keep"]
+
+
+async def test_get_missing_is_not_found(make_store):
+    store = await make_store()
+    for key in ("missing", "r/missing/deeper.json"):
+        with pytest.raises(NotFound):
+            await store.get(key)
+
+
+async def test_binary_and_empty_files(make_store):
+    store = await make_store()
+    binary = bytes(range(256)) * 17 + b"\x00\xff\r\n"
+    for key, data in (("r/bin", binary), ("r/empty", b"")):
+        m = meta(data)
+        assert (await store.put(key, data, m)).same_as(m)
+        got, info = await store.get(key)
+        assert got == data and info.same_as(m)
+    assert (await listed(store))["r/empty"].sha256 == hashlib.sha256(b"").hexdigest()
+    assert (await listed(store))["r/empty"].size == 0
+
+
+async def test_five_mib_object(make_store):
+    store = await make_store()
+    data = os.urandom(5 * 1024 * 1024)
+    m = meta(data)
+    await store.put("r/big.bin", data, m)
+    got, info = await store.get("r/big.bin")
+    assert got == data and info.same_as(m)
+    assert (await listed(store, "r/big"))["r/big.bin"].same_as(m)
+
+
+@pytest.mark.parametrize("key", [
+    "checkpoints/ünïcödé/日本語.json",
+    "r/emoji 😀/ß.bin",
+    "with space/file name with  two spaces.json",
+    "r/%41 percent+plus&amp;=?.txt",
+])
+async def test_unusual_key_names(make_store, key):
+    store = await make_store()
+    data = "héllo wörld ✓ — ünïcode".encode()
+    m = meta(data)
+    await store.put(key, data, m)
+    got, info = await store.get(key)
+    assert got == data and info.key == key and info.same_as(m)
+    assert list(await listed(store)) == [key]
+    assert list(await listed(store, key.split("/")[0] + "/")) == [key]
+    await store.delete(key)
+    assert await listed(store) == {}
+
+
+async def test_stale_upload_never_replaces_newer(make_store):
+    store = await make_store()
+    new, old = b"new version", b"old"
+    await store.put("r/s", new, meta(new, mtime_ns=2000))
+    info = await store.put("r/s", old, meta(old, mtime_ns=1000))
+    assert info.mtime_ns == 2000 and info.sha256 == meta(new).sha256  # superseded: what is stored
+    data, ginfo = await store.get("r/s")
+    assert data == new and ginfo.mtime_ns == 2000
+    # A second store object on the same place (another sidecar) is held to the same rule.
+    other = await make_store()
+    info = await other.put("r/s", old, meta(old, mtime_ns=1500))
+    assert info.mtime_ns == 2000
+    assert (await store.get("r/s"))[0] == new
+    # Equal or newer stamps do replace it.
+    newest = b"newest"
+    assert (await other.put("r/s", newest, meta(newest, mtime_ns=3000))).mtime_ns == 3000
+    assert (await store.get("r/s"))[0] == newest
+
+
+async def test_prefix_isolation(make_store):
+    a = await make_store("iso")
+    b = await make_store("iso2")  # a string prefix of the other must not leak into it
+    await a.put("r/k", b"from a", meta(b"from a"))
+    await b.put("r/k", b"from b", meta(b"from b"))
+    await b.put("r/only-b", b"b", meta(b"b"))
+    assert list(await listed(a)) == ["r/k"]
+    assert sorted(await listed(b)) == ["r/k", "r/only-b"]
+    assert (await a.get("r/k"))[0] == b"from a"
+    assert (await b.get("r/k"))[0] == b"from b"
+    with pytest.raises(NotFound):
+        await a.get("r/only-b")
+    await a.delete("r/k")
+    assert (await b.get("r/k"))[0] == b"from b"
+    nested = await make_store("iso/r")
+    assert await listed(nested) == {}
+
+
+@pytest.mark.parametrize("key", ["../x", "/abs", "a\\b", "a//b", "a/./b", "a/../../b", "", "x/.."])
+async def test_unsafe_keys_refused(make_store, key):
+    store = await make_store("safe")
+    with pytest.raises(StoreError) as e:
+        await store.put(key, b"x", meta(b"x"))
+    assert not isinstance(e.value, NotFound)
+    for op in (store.get, store.delete):
+        with pytest.raises(StoreError):
+            await op(key)
+    assert await listed(store) == {}

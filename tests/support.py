@@ -1,0 +1,129 @@
+"""Shared test helpers: polls with deadlines, tree snapshots, a sidecar process under test."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def wait_for(cond: Callable[[], object], timeout: float = 10.0, what: str = "condition", interval: float = 0.01):
+    """Poll ``cond`` until it returns something truthy; fail with ``what`` after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def disk_tree(root: Path) -> dict[str, bytes]:
+    """Regular files under ``root`` (symlinks and *.tmp skipped) by relative path."""
+    out = {}
+    if not root.exists():
+        return out
+    for dirpath, _dirs, files in os.walk(root):
+        for f in files:
+            p = Path(dirpath) / f
+            if p.is_symlink() or f.endswith(".tmp") or f.startswith(".sidecar-"):
+                continue
+            try:
+                out[str(p.relative_to(root))] = p.read_bytes()
+            except FileNotFoundError:  # replaced or removed while we looked
+                continue
+    return out
+
+
+def store_tree(store: Path, root_name: str = ".checkpoints") -> dict[str, bytes]:
+    """What the directory store holds for one root, in the same shape as :func:`disk_tree`."""
+    return disk_tree(store / root_name)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """As the agent host writes: temp file beside the target, then os.replace."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def sidecar_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SIDECAR_")}
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env["SIDECAR_LOG_FORMAT"] = "json"
+    env["SIDECAR_HTTP_ADDR"] = ""
+    env.update(extra)
+    return env
+
+
+def sidecar_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "sidecar", *args]
+
+
+class Sidecar:
+    """``checkpoint-sidecar sync`` (or run) as a real process, its JSON log captured to a file."""
+
+    def __init__(self, cwd: Path, *args: str, env: dict[str, str] | None = None, log: Path | None = None):
+        self.cwd = Path(cwd)
+        self.log_path = log or self.cwd.parent / f"sidecar-{time.monotonic_ns()}.log"
+        self.logf = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(
+            sidecar_cmd(*args), cwd=cwd, env=env or sidecar_env(), stdout=self.logf, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def events(self) -> list[dict]:
+        out = []
+        for line in self.log_path.read_text(errors="replace").splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+        return out
+
+    def has_event(self, name: str) -> bool:
+        return any(e.get("event") == name for e in self.events())
+
+    def wait_event(self, name: str, timeout: float = 15.0) -> dict:
+        def find():
+            if self.proc.poll() is not None and not self.has_event(name):
+                raise AssertionError(f"sidecar exited {self.proc.returncode} before {name!r}:\n{self.log()}")
+            return next((e for e in self.events() if e.get("event") == name), None)
+
+        return wait_for(find, timeout, f"log event {name!r}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def send(self, sig: int) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, sig)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+        self.send(sig)
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self.logf.close()
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(10)
+        self.logf.close()
+
+
+def run_cli(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(sidecar_cmd(*args), cwd=cwd, env=env or sidecar_env(), capture_output=True, text=True,
+                          timeout=timeout)

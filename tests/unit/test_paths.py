@@ -1,0 +1,67 @@
+import pytest
+
+from sidecar.paths import IgnoreRules, Root, UnsafeKey, locate, make_roots, split_key, validate_relpath
+
+ROOTS = {r.name: r for r in [Root(".checkpoints", "/w/.checkpoints"), Root(".function_approvals", "/w/.function_approvals")]}
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        ".checkpoints/../../x",
+        "/etc/passwd",
+        ".checkpoints//x",
+        ".checkpoints/./x",
+        ".checkpoints\\..\\x",
+        ".checkpoints/a\x00b",
+        "../.checkpoints/x",
+        ".checkpoints/x/..",
+        "",
+        ".checkpoints",
+        "other-root/x",
+        ".checkpoints/" + "a" * 1100,
+    ],
+)
+def test_hostile_keys_refused(key):
+    with pytest.raises(UnsafeKey):
+        split_key(key, ROOTS)
+
+
+def test_plain_keys_map_into_their_root():
+    root, parts = split_key(".checkpoints/alice/resp_1/3f.json", ROOTS)
+    assert root.path == "/w/.checkpoints" and parts == ["alice", "resp_1", "3f.json"]
+    root, parts = split_key(".function_approvals/approval_requests.json", ROOTS)
+    assert root.name == ".function_approvals"
+
+
+def test_odd_but_safe_names_pass():
+    assert validate_relpath("a b/ünïcødé/..x/x..") == ["a b", "ünïcødé", "..x", "x.."]
+
+
+def test_locate():
+    roots = list(ROOTS.values())
+    assert locate("/w/.checkpoints/a/b.json", roots) == (ROOTS[".checkpoints"], "a/b.json")
+    assert locate("/w/.checkpoints", roots) == (ROOTS[".checkpoints"], "")
+    assert locate("/w/.checkpoints-other/x", roots) is None
+    assert locate("/elsewhere", roots) is None
+
+
+def test_make_roots_resolves_and_refuses_clashes():
+    roots = make_roots([".checkpoints", "/abs/.function_approvals"], "/work")
+    assert [r.path for r in roots] == ["/work/.checkpoints", "/abs/.function_approvals"]
+    with pytest.raises(ValueError, match="share the name"):
+        make_roots(["a/.checkpoints", "b/.checkpoints"], "/w")
+    with pytest.raises(ValueError, match="inside root"):
+        make_roots(["/a", "/a/b"], "/w")
+    with pytest.raises(ValueError, match="reserved"):
+        make_roots([".sidecar-meta"], "/w")
+
+
+def test_ignore_rules_match_the_writers_temp_files():
+    ig = IgnoreRules()
+    assert ig.ignored("ctx/3f2a.json.tmp")  # FileCheckpointStorage
+    assert ig.ignored("alice/.approvals-abc123.tmp")  # mkstemp in the approvals store
+    assert ig.ignored("state_stores/.Y2hlY2s.0b1c.tmp")  # agentserver state stores
+    assert ig.ignored("ctx/.sidecar-restore-00ff")  # our own
+    assert not ig.ignored("ctx/3f2a.json")
+    assert not ig.ignored("approval_requests.json")
