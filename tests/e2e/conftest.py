@@ -90,7 +90,7 @@ def sidecar_wrapper(sidecar_cli):
     """``store -> (wrapper command, env)`` for running the host under ``sidecar run``."""
 
     def make(store: Path) -> tuple[list[str], dict[str, str]]:
-        return [sys.executable, "-m", "sidecar", "run", "--store", str(store), "--"], dict(sidecar_cli)
+        return [sys.executable, "-m", "sidecar", "run", "--http-addr", "", "--store", str(store), "--"], dict(sidecar_cli)
 
     return make
 
