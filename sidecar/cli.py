@@ -31,7 +31,9 @@ EXIT_OK, EXIT_FAIL, EXIT_CONFIG, EXIT_PENDING = 0, 1, 2, 75
 def _flag_map() -> list[tuple[str, str, dict[str, Any]]]:
     return [
         ("--store", "store", {"help": "file:///dir, a path, or https://<account>.blob.core.windows.net/<container>[/<prefix>]"}),
-        ("--roots", "roots", {"help": "comma-separated trees to mirror (default .checkpoints,.function_approvals)"}),
+        ("--layout", "layout", {"help": "agent-framework (default: .checkpoints,.function_approvals) or agentserver ($AGENTSERVER_STATE_ROOT)"}),
+        ("--roots", "roots", {"help": "comma-separated trees to mirror (overrides --layout)"}),
+        ("--commit", "commit", {"help": "per-file, snapshot (crash-consistent across files) or auto (snapshot for agentserver)"}),
         ("--prefix", "prefix", {"help": "namespace inside the store (one per agent session)"}),
         ("--ignore", "ignore", {"help": "comma-separated basename globs never mirrored (default *.tmp,.sidecar-*)"}),
         ("--concurrency", "concurrency", {"type": int, "help": "store operations in flight (default 16)"}),

@@ -12,6 +12,24 @@ from sidecar.paths import DEFAULT_IGNORE, Root, is_within, make_roots
 from sidecar.store import directory_of, store_kind
 
 DEFAULT_ROOTS = [".checkpoints", ".function_approvals"]
+LAYOUTS = ("agent-framework", "agentserver")
+
+
+def layout_roots(layout: str, env: dict[str, str] | None = None) -> list[str]:
+    """Where a host keeps its state, resolved the way the host resolves it.
+
+    * ``agent-framework`` (hosting 1.0.0a260709 … 1.0.0b260730): ``.checkpoints`` and
+      ``.function_approvals`` in the working directory; hosted (``FOUNDRY_HOSTING_ENVIRONMENT``
+      set) the absolute ``/.checkpoints`` and ``/.function_approvals``.
+    * ``agentserver`` (hosting ≥ 1.0.0b260813 outside Foundry): the state root
+      ``$AGENTSERVER_STATE_ROOT``, default ``~/.agentserver``.
+    """
+    env = os.environ if env is None else env
+    if layout == "agentserver":
+        return [env.get("AGENTSERVER_STATE_ROOT") or os.path.join(os.path.expanduser("~"), ".agentserver")]
+    if env.get("FOUNDRY_HOSTING_ENVIRONMENT"):
+        return ["/.checkpoints", "/.function_approvals"]
+    return list(DEFAULT_ROOTS)
 DEFAULT_HTTP_PORT = 7479  # clear of the host (8088), Prometheus exporters (9100-9999) and common app ports
 
 
@@ -42,7 +60,10 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SIDECAR_", extra="forbid", validate_default=True)
 
     store: str = Field(default_factory=default_store, description="file:///dir, a path, or an Azure Blob container URL")
-    roots: CommaList = Field(default_factory=lambda: list(DEFAULT_ROOTS), description="trees to mirror")
+    layout: Literal["agent-framework", "agentserver"] = Field("agent-framework", description="which host's state to mirror")
+    roots: CommaList = Field(default_factory=list, description="trees to mirror (overrides the layout)")
+    commit: Literal["auto", "per-file", "snapshot"] = Field(
+        "auto", description="per-file, or crash-consistent snapshots across files (auto: snapshot for agentserver)")
     prefix: str = Field("", description="namespace inside the store, e.g. one per agent session")
     ignore: CommaList = Field(default_factory=lambda: list(DEFAULT_IGNORE), description="basename globs never mirrored")
 
@@ -63,7 +84,7 @@ class Settings(BaseSettings):
     def _comma(cls, v: object) -> object:
         return _split(v)
 
-    @field_validator("log_level", "log_format", "restore", mode="before")
+    @field_validator("log_level", "log_format", "restore", "layout", "commit", mode="before")
     @classmethod
     def _lower(cls, v: object) -> object:
         return v.lower() if isinstance(v, str) else v
@@ -86,7 +107,10 @@ class Settings(BaseSettings):
 
     # -- derived ---------------------------------------------------------------------------
     def root_list(self, cwd: str | None = None) -> list[Root]:
-        return make_roots(self.roots, cwd or os.getcwd())
+        return make_roots(self.roots or layout_roots(self.layout), cwd or os.getcwd())
+
+    def snapshot_commits(self) -> bool:
+        return self.commit == "snapshot" or (self.commit == "auto" and self.layout == "agentserver")
 
     def http_host_port(self) -> tuple[str, int] | None:
         if not self.http_addr:

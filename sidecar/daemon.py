@@ -23,6 +23,7 @@ from sidecar.config import Settings
 from sidecar.localfs import LocalStat, scan_root
 from sidecar.paths import IgnoreRules, Root
 from sidecar.plan import plan_reconcile
+from sidecar.snapshot import bundle_key
 from sidecar.restorer import Listing, RestoreResult, list_store, restore
 from sidecar.store.base import Store, StoreError, TransientStoreError
 from sidecar.uploader import Uploader, backoff
@@ -59,7 +60,8 @@ class Daemon:
         self.store = store
         self.ignore = IgnoreRules(settings.ignore)
         self.uploader = Uploader(
-            store, roots, self.ignore, concurrency=settings.concurrency, max_file_size=settings.max_file_size
+            store, roots, self.ignore, concurrency=settings.concurrency, max_file_size=settings.max_file_size,
+            snapshot_roots={r.name for r in roots} if settings.snapshot_commits() else set(),
         )
         self.health = Health()
         self.listing: Listing | None = None
@@ -86,6 +88,7 @@ class Daemon:
         if self.listing is None:  # restore was skipped entirely (e.g. unreachable store, optional)
             self.listing = Listing()
         self.uploader.remote = dict(self.listing.objects)
+        self.uploader.bundle_outstanding |= self.listing.bundles & set(self.uploader.snapshots)
         self.health.set("reconciling", "reconciling disk and store")
         async with anyio.create_task_group() as tg:
             await tg.start(self.uploader.run)
@@ -94,9 +97,21 @@ class Daemon:
                            self.roots, self._on_paths, self._on_roots_changed)
             self.health.watcher_alive = True
             await self.reconcile(initial=True)
+            await self._drop_stale_bundles()
             tg.start_soon(self._reconcile_loop)
             self.health.set("ready", "restored and mirroring")
             task_status.started()
+
+    async def _drop_stale_bundles(self) -> None:
+        """A bundle left by a cut-short snapshot commit whose root has nothing to commit: the disk
+        (restored from it, or the truth) already matches the per-file objects."""
+        busy = {k.split("/", 1)[0] for k in self.uploader.pending_keys()}
+        for name in sorted(self.uploader.bundle_outstanding - busy):
+            try:
+                await self.store.delete(bundle_key(name))
+                self.uploader.bundle_outstanding.discard(name)
+            except StoreError as e:
+                log.warning("bundle_cleanup_failed", root=name, error=str(e))
 
     async def _on_paths(self, paths: list[str]) -> None:
         self.uploader.mark_paths(paths)
@@ -119,7 +134,7 @@ class Daemon:
         names = {r.name for r in roots}
         known = self.uploader.remote if remote is None else remote
         known = {k: v for k, v in known.items() if k.split("/", 1)[0] in names}
-        busy = self.uploader.pending.keys()
+        busy = self.uploader.pending_keys()
         plan = plan_reconcile(local, known, self.protected)
         upload = [k for k in plan.upload if k not in busy]
         delete = [k for k in plan.delete if k not in busy]
@@ -180,7 +195,7 @@ class Daemon:
                 await self.reconcile(final=True)  # anything the watcher has not reported yet
                 await self.uploader.wait_idle()
                 tg.cancel_scope.cancel()
-        left = sorted(self.uploader.pending.keys())
+        left = sorted(self.uploader.pending_keys())
         if left:
             log.error("shutdown_pending", pending=len(left), paths=",".join(left[:20]),
                       seconds=round(time.monotonic() - t0, 3))

@@ -21,6 +21,8 @@ class LocalStat:
     size: int
     mtime_ns: int
     mode: int
+    ino: int = 0  # with ctime_ns: two equal scans mean nothing changed in between
+    ctime_ns: int = 0
 
 
 class Vanished(Exception):
@@ -57,7 +59,9 @@ def scan_root(root: Root, ignore: IgnoreRules) -> tuple[dict[str, LocalStat], li
                         stack.append((rel, entry.path))
                     elif entry.is_file(follow_symlinks=False) and not ignore.ignored(rel):
                         st = entry.stat(follow_symlinks=False)
-                        files[make_key(root, rel)] = LocalStat(st.st_size, st.st_mtime_ns, st.st_mode & 0o7777)
+                        files[make_key(root, rel)] = LocalStat(
+                            st.st_size, st.st_mtime_ns, st.st_mode & 0o7777, st.st_ino, st.st_ctime_ns
+                        )
                 except (FileNotFoundError, ValueError):
                     continue  # vanished mid-scan, or a name we cannot map
     return files, links

@@ -118,6 +118,14 @@ class PendingSet:
             return self._start(op)
         return None
 
+    def take_all(self) -> list[Op]:
+        """Every pending operation whose path is not running, barriers ignored: for callers that
+        make a whole batch visible atomically (snapshot commits)."""
+        ops = [op for key, op in list(self.pending.items()) if key not in self.inflight]
+        for op in ops:
+            self._start(op)
+        return ops
+
     def _start(self, op: Op) -> Op:
         del self.pending[op.key]
         op.attempts += 1

@@ -23,6 +23,7 @@ from sidecar import log, metrics
 from sidecar.localfs import UnsafeTarget, has_regular_files, remove_stale_restore_temps, syncfs, write_restored
 from sidecar.paths import Root, UnsafeKey, split_key
 from sidecar.plan import RootDecision, decide_restore
+from sidecar.snapshot import BUNDLE_DIR, Change, fetch_bundle
 from sidecar.store.base import NotFound, ObjectInfo, Store, StoreError
 
 GENERATED_NAME = re.compile(rb"WorkflowBuilder-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
@@ -39,12 +40,16 @@ class Listing:
 
     objects: dict[str, ObjectInfo] = field(default_factory=dict)
     unsafe: list[tuple[str, str]] = field(default_factory=list)  # (key, why)
+    bundles: set[str] = field(default_factory=set)  # roots with a snapshot bundle in the store
 
 
 async def list_store(store: Store, roots: list[Root]) -> Listing:
     by_name = {r.name: r for r in roots}
     out = Listing()
     async for info in store.list():
+        if info.key.startswith(BUNDLE_DIR + "/"):
+            out.bundles.add(info.key[len(BUNDLE_DIR) + 1 :])
+            continue
         first = info.key.split("/", 1)[0]
         if first and first not in by_name and first not in ("..", "."):
             continue  # another root's data, or not ours at all
@@ -66,6 +71,7 @@ class RestoreResult:
     refused: list[str] = field(default_factory=list)
     unverified: int = 0
     generated_names: set[str] = field(default_factory=set)
+    bundles: set[str] = field(default_factory=set)  # roots with an outstanding snapshot bundle
 
     def restored_roots(self) -> set[str]:
         return {d.name for d in self.decisions if d.restore}
@@ -119,7 +125,21 @@ async def restore(
         per_root[info.key.split("/", 1)[0]].append(info)
 
     todo: list[tuple[Root, ObjectInfo]] = []
+    overlay: dict[str, Change] = {}
     for root in roots:
+        changes = await fetch_bundle(store, root.name) if root.name in listing.bundles else None
+        if changes is not None:
+            # a snapshot commit was cut short: its bundle holds the newer consistent state
+            result.bundles.add(root.name)
+            log.info("restore_bundle", root=root.path, changes=len(changes))
+            stored = {i.key: i for i in per_root[root.name]}
+            for c in changes:
+                overlay[c.key] = c
+                if c.data is None:
+                    stored.pop(c.key, None)
+                else:
+                    stored[c.key] = ObjectInfo(c.key, c.meta.size, c.meta.sha256, c.meta.mtime_ns, c.meta.mode)
+            per_root[root.name] = list(stored.values())
         local = await anyio.to_thread.run_sync(has_regular_files, root.path)
         d = decide_restore(root.name, local, len(per_root[root.name]), mode)
         result.decisions.append(d)
@@ -136,7 +156,11 @@ async def restore(
     async def fetch(root: Root, info: ObjectInfo) -> None:
         async with limiter:
             _, parts = split_key(info.key, by_name)
+            bundled = overlay.get(info.key)
             for attempt in (1, 2):
+                if bundled is not None:  # verified when the bundle was decoded
+                    data, got = bundled.data, info
+                    break
                 try:
                     data, got = await store.get(info.key)
                 except NotFound:

@@ -23,7 +23,8 @@ from sidecar import log, metrics
 from sidecar.localfs import TooLarge, Unstable, Vanished, below_root_without_links, read_stable, scan_root
 from sidecar.paths import IgnoreRules, Root, UnsafeKey, locate, make_key, split_key
 from sidecar.queue import DELETE, UPLOAD, Op, PendingSet
-from sidecar.store.base import ObjectInfo, Store, StoreError, TransientStoreError
+from sidecar.snapshot import Change, bundle_key, encode_bundle
+from sidecar.store.base import ObjectInfo, ObjectMeta, Store, StoreError, TransientStoreError
 
 BACKOFF_START = 0.1
 BACKOFF_MAX = 30.0
@@ -44,6 +45,7 @@ class Uploader:
         *,
         concurrency: int = 16,
         max_file_size: int = 256 * 1024 * 1024,
+        snapshot_roots: set[str] = frozenset(),  # type: ignore[assignment]
     ) -> None:
         self.store = store
         self.roots = roots
@@ -52,6 +54,10 @@ class Uploader:
         self.concurrency = concurrency
         self.max_file_size = max_file_size
         self.pending = PendingSet()
+        #: roots committed as crash-consistent snapshots (see sidecar.snapshot), one set each
+        self.snapshots: dict[str, PendingSet] = {name: PendingSet() for name in snapshot_roots}
+        #: snapshot roots whose bundle may still be in the store (the next commit replaces it)
+        self.bundle_outstanding: set[str] = set()
         #: What the store is known to hold (from the last listing and our own writes).
         self.remote: dict[str, ObjectInfo] = {}
         self._dirty_since: dict[str, float] = {}
@@ -65,16 +71,20 @@ class Uploader:
     def _notify(self) -> None:
         self._wake.set()
         self._wake = anyio.Event()
-        metrics.PENDING.set(len(self.pending))
-        if self.pending.idle():
+        metrics.PENDING.set(self.pending_count())
+        if self.idle():
             self._idle.set()
         elif self._idle.is_set():
             self._idle = anyio.Event()
 
+    def _set_for(self, key: str) -> PendingSet:
+        ps = self.snapshots.get(key.split("/", 1)[0])
+        return self.pending if ps is None else ps  # (an empty PendingSet is falsy)
+
     def mark(self, key: str, kind: str) -> None:
         if kind == UPLOAD:
             self._dirty_since.setdefault(key, time.monotonic())
-        self.pending.mark(key, kind)  # type: ignore[arg-type]
+        self._set_for(key).mark(key, kind)  # type: ignore[arg-type]
 
     def mark_keys(self, upload: list[str] = (), delete: list[str] = ()) -> None:  # type: ignore[assignment]
         for k in upload:
@@ -133,12 +143,11 @@ class Uploader:
             self._mark_gone(key)
 
     def _mark_gone(self, key: str) -> None:
-        if key in self.remote or key in self.pending.pending or key in self.pending.inflight:
+        busy = self.pending_keys()
+        if key in self.remote or key in busy:
             self.mark(key, DELETE)
         prefix = key + "/"  # a directory deleted or moved away
-        for k in [k for k in self.remote if k.startswith(prefix)] + [
-            k for k in self.pending.keys() if k.startswith(prefix)
-        ]:
+        for k in [k for k in self.remote if k.startswith(prefix)] + [k for k in busy if k.startswith(prefix)]:
             self.mark(k, DELETE)
 
     def _warn_once(self, event: str, what: str) -> None:
@@ -147,11 +156,20 @@ class Uploader:
             log.warning(event, path=what)
 
     # -- state -----------------------------------------------------------------------------
+    def _sets(self) -> list[PendingSet]:
+        return [self.pending, *self.snapshots.values()]
+
     def idle(self) -> bool:
-        return self.pending.idle()
+        return all(ps.idle() for ps in self._sets())
+
+    def pending_keys(self) -> set[str]:
+        return set().union(*(ps.keys() for ps in self._sets()))
+
+    def pending_count(self) -> int:
+        return sum(len(ps) for ps in self._sets())
 
     async def wait_idle(self) -> None:
-        while not self.pending.idle():
+        while not self.idle():
             await self._idle.wait()
 
     # -- workers ---------------------------------------------------------------------------
@@ -159,6 +177,8 @@ class Uploader:
         async with anyio.create_task_group() as tg:
             for _ in range(self.concurrency):
                 tg.start_soon(self._worker)
+            for name in self.snapshots:
+                tg.start_soon(self._snapshot_worker, self.roots_by_name[name])
             task_status.started()
 
     async def _worker(self) -> None:
@@ -186,24 +206,10 @@ class Uploader:
                     metrics.DELETES.inc()
                     log.debug("deleted", path=op.key)
                 self.pending.done(op)
-                if self.failing_since is not None:
-                    log.info("store_recovered", seconds=round(time.monotonic() - self.failing_since, 1))
-                    self.failing_since = None
-                    metrics.DEGRADED.set(0)
-                if self.pending.idle():
-                    metrics.LAST_SYNC.set(time.time())
+                self._succeeded()
                 return
-            except (TransientStoreError, StoreError) as e:
-                transient = isinstance(e, TransientStoreError)
-                metrics.FAILURES.labels("transient" if transient else "store").inc()
-                metrics.RETRIES.inc()
-                if self.failing_since is None:
-                    self.failing_since = time.monotonic()
-                    metrics.DEGRADED.set(1)
-                (log.warning if transient else log.error)(
-                    "store_retry", path=op.key, op=op.kind, attempt=attempt, error=str(e)
-                )
-                await anyio.sleep(backoff(attempt) * (1 if transient else 4))
+            except StoreError as e:
+                await self._store_failed(e, attempt, path=op.key, op=op.kind)
             except Unstable:
                 metrics.FAILURES.labels("unstable").inc()
                 await anyio.sleep(backoff(attempt))
@@ -214,6 +220,110 @@ class Uploader:
                     self.pending.done(op)  # given up for now; the next reconcile tries again
                     return
                 await anyio.sleep(backoff(attempt))
+
+    def _succeeded(self) -> None:
+        if self.failing_since is not None:
+            log.info("store_recovered", seconds=round(time.monotonic() - self.failing_since, 1))
+            self.failing_since = None
+            metrics.DEGRADED.set(0)
+        if self.idle():
+            metrics.LAST_SYNC.set(time.time())
+
+    async def _store_failed(self, e: StoreError, attempt: int, **fields) -> None:
+        """Count, log and back off; the caller then tries again (forever: nothing is dropped)."""
+        transient = isinstance(e, TransientStoreError)
+        metrics.FAILURES.labels("transient" if transient else "store").inc()
+        metrics.RETRIES.inc()
+        if self.failing_since is None:
+            self.failing_since = time.monotonic()
+            metrics.DEGRADED.set(1)
+        (log.warning if transient else log.error)("store_retry", attempt=attempt, error=str(e), **fields)
+        await anyio.sleep(backoff(attempt) * (1 if transient else 4))
+
+    # -- snapshot roots --------------------------------------------------------------------
+    async def _snapshot_worker(self, root: Root) -> None:
+        ps = self.snapshots[root.name]
+        attempt = 0
+        while True:
+            ops = ps.take_all()
+            if not ops:
+                await self._wake.wait()
+                continue
+            started = [t for t in (self._dirty_since.pop(op.key, None) for op in ops) if t is not None]
+            try:
+                committed = await self._commit_snapshot(root, [op.key for op in ops])
+            except StoreError as e:
+                attempt += 1
+                for op in ops:
+                    ps.retry(op)
+                self._notify()
+                await self._store_failed(e, attempt, path=root.name, op="snapshot")
+                continue
+            except Exception as e:  # never kill the daemon; the batch stays pending
+                attempt += 1
+                for op in ops:
+                    ps.retry(op)
+                metrics.FAILURES.labels("internal").inc()
+                log.error("snapshot_failed", exc=e, path=root.name, attempt=attempt)
+                await anyio.sleep(backoff(attempt))
+                continue
+            if not committed:  # the disk changed while being read: read again after its next write
+                for op in ops:
+                    ps.retry(op)
+                metrics.FAILURES.labels("unstable").inc()
+                await anyio.sleep(0.005)
+                continue
+            attempt = 0
+            for op in ops:
+                ps.done(op)
+            now = time.monotonic()
+            for t in started:
+                metrics.LATENCY.observe(now - t)
+            self._succeeded()
+            self._notify()
+
+    async def _commit_snapshot(self, root: Root, keys: list[str]) -> bool:
+        """Commit ``keys`` of ``root`` as one consistent state; False when the disk moved."""
+
+        def snapshot() -> list[Change] | None:
+            before, _ = scan_root(root, self.ignore)
+            changes = []
+            for key in sorted(keys):
+                if key in before:
+                    _, parts = split_key(key, self.roots_by_name)
+                    try:
+                        data, meta = read_stable(root, parts, self.max_file_size)
+                    except (Vanished, Unstable):
+                        return None
+                    changes.append(Change(key, data, meta))
+                elif key in self.remote:
+                    changes.append(Change(key, None, None))
+            after, _ = scan_root(root, self.ignore)
+            return changes if after == before else None
+
+        changes = await anyio.to_thread.run_sync(snapshot)
+        if changes is None:
+            return False
+        changes = [c for c in changes if c.data is None or not (
+            self.remote.get(c.key) and self.remote[c.key].same_as(c.meta))]
+        if len(changes) > 1 or (changes and root.name in self.bundle_outstanding):
+            blob = encode_bundle(root.name, changes)
+            await self.store.put(bundle_key(root.name), blob, ObjectMeta.of(blob, time.time_ns(), 0o600))
+            self.bundle_outstanding.add(root.name)
+        for c in changes:  # the bundle makes the batch atomic; order within it does not matter
+            if c.data is None:
+                await self.store.delete(c.key)
+                self.remote.pop(c.key, None)
+                metrics.DELETES.inc()
+            else:
+                self.remote[c.key] = await self.store.put(c.key, c.data, c.meta)
+                metrics.UPLOADS.inc()
+                metrics.UPLOAD_BYTES.inc(len(c.data))
+        if root.name in self.bundle_outstanding:
+            await self.store.delete(bundle_key(root.name))
+            self.bundle_outstanding.discard(root.name)
+        log.debug("snapshot_committed", root=root.name, changes=len(changes))
+        return True
 
     async def _upload(self, op: Op, started: float | None) -> None:
         root, parts = split_key(op.key, self.roots_by_name)

@@ -42,3 +42,20 @@ def test_store_inside_a_root_refused(tmp_path):
 def test_bad_prefix(monkeypatch, tmp_path):
     with pytest.raises(ConfigError, match="SIDECAR_PREFIX"):
         load({"prefix": "a/../b", "store": str(tmp_path / "s")}, cwd=str(tmp_path))
+
+
+def test_layouts(monkeypatch, tmp_path):
+    monkeypatch.setenv("SIDECAR_STORE", str(tmp_path / "s"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("AGENTSERVER_STATE_ROOT", raising=False)
+    monkeypatch.delenv("FOUNDRY_HOSTING_ENVIRONMENT", raising=False)
+    _, roots = load({"layout": "agentserver"}, cwd=str(tmp_path))
+    assert [r.path for r in roots] == [str(tmp_path / "home" / ".agentserver")]
+    monkeypatch.setenv("AGENTSERVER_STATE_ROOT", str(tmp_path / "state"))
+    _, roots = load({"layout": "agentserver"}, cwd=str(tmp_path))
+    assert [(r.name, r.path) for r in roots] == [("state", str(tmp_path / "state"))]
+    monkeypatch.setenv("FOUNDRY_HOSTING_ENVIRONMENT", "1")
+    _, roots = load({}, cwd=str(tmp_path))
+    assert [r.path for r in roots] == ["/.checkpoints", "/.function_approvals"]
+    _, roots = load({"layout": "agentserver", "roots": "x"}, cwd=str(tmp_path))  # explicit roots win
+    assert [r.path for r in roots] == [str(tmp_path / "x")]
