@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import signal
 import sys
@@ -110,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"checkpoint-sidecar: config error: {log.redact(problem)}", file=sys.stderr)
         return EXIT_CONFIG
     log.setup(settings.log_level, settings.log_format)
+    logging.getLogger("azure").setLevel(logging.WARNING)  # the SDK logs every request at INFO
 
     if args.command == "run":
         cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
@@ -178,12 +180,18 @@ async def _restore(settings: Settings, roots: list[Root]) -> int:
         await store.aclose()
 
 
-async def _serve_http(tg, daemon, settings: Settings) -> None:
+async def _serve_http(tg, daemon, settings: Settings) -> int | None:
+    """Start the health/metrics listener; an exit code when it cannot listen."""
     if settings.http_host_port() is None:
-        return
-    from sidecar.http import serve
+        return None
+    from sidecar.http import HttpBindError, serve
 
-    await tg.start(serve, settings, daemon)
+    try:
+        await tg.start(serve, settings, daemon)
+    except HttpBindError as e:
+        tg.cancel_scope.cancel()
+        return _fail(str(e))
+    return None
 
 
 async def _sync(settings: Settings, roots: list[Root], shutdown: Shutdown) -> int:
@@ -194,7 +202,8 @@ async def _sync(settings: Settings, roots: list[Root], shutdown: Shutdown) -> in
         daemon = Daemon(settings, roots, store)
         async with anyio.create_task_group() as tg:
             tg.start_soon(handle_signals, shutdown, None)
-            await _serve_http(tg, daemon, settings)
+            if (code := await _serve_http(tg, daemon, settings)) is not None:
+                return code
             with anyio.CancelScope() as prep_scope:
                 tg.start_soon(_cancel_on, shutdown.requested, prep_scope)
                 code = await _prepare(daemon, settings)
@@ -230,7 +239,8 @@ async def _run(settings: Settings, roots: list[Root], cmd: list[str], shutdown: 
     try:
         daemon = Daemon(settings, roots, store)
         async with anyio.create_task_group() as tg:
-            await _serve_http(tg, daemon, settings)
+            if (code := await _serve_http(tg, daemon, settings)) is not None:
+                return code
             code = await _prepare(daemon, settings)
             if code is not None:  # restore failed: the command never starts
                 tg.cancel_scope.cancel()

@@ -5,8 +5,9 @@ One registry per process; labels never carry paths or secrets (bounded cardinali
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, disable_created_metrics
 
+disable_created_metrics()  # no *_created series: one more per counter, of no use on a dashboard
 REGISTRY = CollectorRegistry(auto_describe=True)
 ProcessCollector(registry=REGISTRY, namespace="checkpoint_sidecar")
 
@@ -20,6 +21,7 @@ PENDING = Gauge(_P + "pending_paths", "Paths waiting to be uploaded or deleted",
 FAILURES = Counter(_P + "failures", "Failed store operations, by kind", ["kind"], registry=REGISTRY)
 RETRIES = Counter(_P + "retries", "Store operations retried after a transient failure", registry=REGISTRY)
 LAST_SYNC = Gauge(_P + "last_sync_timestamp_seconds", "Unix time the pending set was last empty", registry=REGISTRY)
+READY = Gauge(_P + "ready", "1 while /readyz answers 200 (restored and mirroring), else 0", registry=REGISTRY)
 DEGRADED = Gauge(_P + "store_degraded", "1 while the store is failing and work is being retried", registry=REGISTRY)
 LATENCY = Histogram(
     _P + "write_to_durable_seconds",

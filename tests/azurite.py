@@ -78,10 +78,13 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via a proxy
+
+
 def answers(blob_url: str, timeout: float = 1.0) -> bool:
     """True when something speaking HTTP answers at ``blob_url`` (any status counts)."""
     try:
-        with urllib.request.urlopen(f"{blob_url.rstrip('/')}?comp=list", timeout=timeout):
+        with _DIRECT.open(f"{blob_url.rstrip('/')}?comp=list", timeout=timeout):
             return True
     except urllib.error.HTTPError:
         return True  # 403 without credentials: it is up

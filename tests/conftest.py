@@ -1,5 +1,7 @@
 import pytest
 
+from tests.azurite import azurite  # noqa: F401  (session fixture: CI's Azurite, or our own)
+
 
 @pytest.fixture
 def work(tmp_path):

@@ -21,6 +21,7 @@ that keeps a stale upload from replacing a newer one (see :meth:`AzureBlobStore.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import ipaddress
 import logging
@@ -31,7 +32,7 @@ import socket
 import ssl
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Iterable, Mapping
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 from azure.core.credentials import AzureNamedKeyCredential, AzureSasCredential
 from azure.core.exceptions import (
@@ -44,6 +45,7 @@ from azure.core.exceptions import (
     ServiceRequestError,
     ServiceResponseError,
 )
+from azure.core.rest import HttpRequest
 from azure.storage.blob import ContentSettings
 from azure.storage.blob.aio import BlobServiceClient, ExponentialRetry
 
@@ -317,6 +319,10 @@ def _cause_chain(e: BaseException) -> Iterable[BaseException]:
         todo.extend([getattr(x, "inner_exception", None), x.__cause__, x.__context__])
 
 
+class _Conflict(Exception):
+    """A conditional write found the blob changed (412) or present (409 BlobAlreadyExists)."""
+
+
 class _JitteredExponentialRetry(ExponentialRetry):
     """The SDK's storage retry policy (what it retries: connection errors, timeouts, 408, 429, 5xx)
     with a plain exponential schedule: ``base * 2**(n-1)`` seconds, jittered by +-50 %, capped at
@@ -330,6 +336,18 @@ class _JitteredExponentialRetry(ExponentialRetry):
     def get_backoff_time(self, settings: dict[str, Any]) -> float:
         backoff = min(self.base * 2 ** max(settings["count"] - 1, 0), 30.0)
         return random.uniform(backoff * 0.5, backoff * 1.5)
+
+
+class _LazyBlobClient:
+    """A BlobClient made only when the slow paths (block upload, conflict read) need one."""
+
+    def __init__(self, container: Any, name: str) -> None:
+        self._container, self._name, self._client = container, name, None
+
+    def __getattr__(self, attr: str) -> Any:
+        if self._client is None:
+            self._client = self._container.get_blob_client(self._name)
+        return getattr(self._client, attr)
 
 
 class AzureBlobStore:
@@ -385,6 +403,13 @@ class AzureBlobStore:
             credentials.secrets,
         )
         self._container = self._service.get_container_client(location.container)
+        # Single-shot puts go straight through the container client's pipeline (signing,
+        # retries, hooks and transport all the SDK's own): making a BlobClient per key costs more
+        # client CPU than the rest of put together. Falls back to BlobClient.upload_blob if a
+        # future SDK drops the attribute.
+        self._pipeline = getattr(self._container, "_pipeline", None)
+        self._container_url = self._container.url.split("?", 1)[0].rstrip("/")
+        self._api_version = self._container.api_version
         self._name_prefix = f"{location.prefix}/" if location.prefix else ""
         # What this store last saw of each blob (from list, get, put or a conflict read): the
         # ETag to make the next put conditional on, and the version stamp (mtime_ns) behind it.
@@ -471,8 +496,10 @@ class AzureBlobStore:
                 if creds.source == "DefaultAzureCredential":
                     what = (f"grant the identity the 'Storage Blob Data Contributor' role on container "
                             f"{self.container_name!r} (assignments take minutes to apply)")
+                elif creds.source in ("SAS token", "connection string"):
+                    what = "a SAS needs read, add, create, write, delete and list permissions on the container"
                 else:
-                    what = "the SAS token needs read, add, create, write, delete and list permissions on the container"
+                    what = "check the account's firewall and network rules allow this host"
                 return done(StoreError, f"permission denied{detail}; {what}")
             if code == "AuthorizationFailure":
                 # Azure: a firewall / network rule or SAS scope; Azurite: also a wrong key.
@@ -488,6 +515,8 @@ class AzureBlobStore:
         if status in TRANSIENT_STATUS or (status == 409 and code == "ContainerBeingDeleted"):
             kind = "throttled" if status in (429, 503) else "service error"
             return done(TransientStoreError, f"{kind}{detail} after {self._retry_total} retries; will retry later")
+        if code in ("Md5Mismatch", "Crc64Mismatch"):
+            return done(TransientStoreError, f"the data was corrupted in transit{detail}; will retry")
         if isinstance(e, ResourceModifiedError):
             return done(TransientStoreError, f"the blob changed while it was read{detail}; will retry")
         if isinstance(e, (ServiceRequestError, ServiceResponseError)) or status is None:
@@ -515,11 +544,34 @@ class AzureBlobStore:
         return done(TransientStoreError, f"{what} for {endpoint} after {self._retry_total} retries; "
                                          "check network reachability (firewall, proxy); will retry later")
 
-    def _remember(self, name: str, info: ObjectInfo | None) -> None:
-        if info is None:
-            self._seen.pop(name, None)
+    async def _put_blob(self, name: str, data: bytes, md5: bytes, metadata: dict[str, str],
+                        etag: str | None) -> str | None:
+        """One Put Blob request, conditional on ``etag`` (or on absence); returns the new ETag."""
+        headers = {
+            "x-ms-version": self._api_version,
+            "x-ms-blob-type": "BlockBlob",
+            "Content-Length": str(len(data)),
+            "Content-Type": "application/octet-stream",
+            "Content-MD5": base64.b64encode(md5).decode(),
+        }
+        for k, v in metadata.items():
+            headers["x-ms-meta-" + k] = v
+        if etag:
+            headers["If-Match"] = etag
         else:
-            self._seen[name] = info
+            headers["If-None-Match"] = "*"
+        url = f"{self._container_url}/{quote(name, safe='~/')}"
+        request = HttpRequest("PUT", url, headers=headers, content=data)
+        response = (await self._pipeline.run(request, stream=False)).http_response
+        status = response.status_code
+        if status == 201:
+            return response.headers.get("ETag")
+        code = response.headers.get("x-ms-error-code")
+        if status == 412 or (status == 409 and code == "BlobAlreadyExists"):
+            raise _Conflict()
+        err = HttpResponseError(message=f"{status} {code or response.reason}", response=response)
+        err.error_code = code
+        raise err
 
     # -- interface -----------------------------------------------------------------------------
     async def open(self) -> None:
@@ -537,6 +589,8 @@ class AzureBlobStore:
                     log.info("created container %s", self.container_name)
                 except ResourceExistsError:
                     pass  # another sidecar made it meanwhile
+                except AzureError as e2:
+                    raise self._error(e2, "creating the missing container") from None
         except AzureError as e:
             raise self._error(e, "opening the store") from None
         self._opened = True
@@ -555,22 +609,18 @@ class AzureBlobStore:
         """
         name = self._name(key)
         metadata = {META_SHA256: meta.sha256, META_MTIME: str(meta.mtime_ns), META_MODE: format(meta.mode & 0o7777, "o")}
-        blob = self._container.get_blob_client(name)
+        blob = _LazyBlobClient(self._container, name)
         seen = self._seen.get(name)
         if seen is not None and seen.sha256 is not None and seen.mtime_ns > meta.mtime_ns:
             return seen  # known newer already: a stale upload, superseded without a request
         etag = seen.etag if seen is not None else None
         single = len(data) <= self._max_single_put_size
+        md5 = hashlib.md5(data).digest()  # once; the service checks it and keeps it as Content-MD5
         for _ in range(MAX_CONFLICT_ROUNDS):
             cond = {"if_match": etag} if etag else {"if_none_match": "*"}
             try:
-                if single:
-                    # validate_content: the SDK hashes once and sends Content-MD5; the service
-                    # checks it and keeps it as the blob's Content-MD5.
-                    resp = await blob.upload_blob(
-                        data, length=len(data), overwrite=True, metadata=metadata,
-                        validate_content=True, **cond,
-                    )
+                if single and self._pipeline is not None:
+                    new_etag = await self._put_blob(name, data, md5, metadata, etag)
                 else:
                     # Blocks carry their own Content-MD5 (checked per block); the whole-blob MD5
                     # is recorded on commit. Block IDs are random, so concurrent uploaders of the
@@ -578,10 +628,10 @@ class AzureBlobStore:
                     resp = await blob.upload_blob(
                         data, length=len(data), overwrite=True, metadata=metadata,
                         validate_content=True, max_concurrency=self._max_concurrency,
-                        content_settings=ContentSettings(content_md5=hashlib.md5(data).digest()),
-                        **cond,
+                        content_settings=ContentSettings(content_md5=md5), **cond,
                     )
-            except (ResourceModifiedError, ResourceExistsError):
+                    new_etag = resp.get("etag")
+            except (_Conflict, ResourceModifiedError, ResourceExistsError):
                 pass  # 412 / 409 BlobAlreadyExists: someone else wrote it
             except HttpResponseError as e:
                 if _code(e) != "InvalidBlockList":
@@ -590,7 +640,7 @@ class AzureBlobStore:
             except AzureError as e:
                 raise self._error(e, f"uploading {key!r}") from None
             else:
-                info = ObjectInfo(key, meta.size, meta.sha256, meta.mtime_ns, meta.mode & 0o7777, _quoted_etag(resp.get("etag")))
+                info = ObjectInfo(key, meta.size, meta.sha256, meta.mtime_ns, meta.mode & 0o7777, _quoted_etag(new_etag))
                 self._seen[name] = info
                 return info
             # Conflict: read what is there now, once, and decide.

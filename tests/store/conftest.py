@@ -2,15 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import sys
-
-_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-if _REPO not in sys.path:  # `pytest` without `python -m` does not put the repository on sys.path
-    sys.path.insert(0, _REPO)
-
-from tests.azurite import azurite  # noqa: E402,F401  (session fixture, re-exported for pytest)
-
 from typing import Any, Awaitable, Callable  # noqa: E402
 
 import pytest  # noqa: E402

@@ -6,9 +6,7 @@ import asyncio
 import base64
 import hashlib
 import os
-import shutil
 import socket
-import tempfile
 from urllib.parse import quote
 
 import pytest
@@ -19,7 +17,6 @@ from azure.core.exceptions import (
     ServiceRequestError,
     ServiceResponseError,
 )
-from azure.storage.blob import ContentSettings
 
 from sidecar.store import make_store
 from sidecar.store.azure import AzureBlobStore, parse_store_url, redact
@@ -225,6 +222,8 @@ def _http_error(status: int, code: str, cls=HttpResponseError) -> HttpResponseEr
     (lambda: _http_error(403, "AuthenticationFailed", ClientAuthenticationError), True, False, "authentication failed"),
     (lambda: _http_error(403, "AuthorizationPermissionMismatch"), True, False, "Storage Blob Data Contributor"),
     (lambda: _http_error(404, "ContainerNotFound"), True, False, "container does not exist"),
+    (lambda: _http_error(400, "Md5Mismatch"), True, True, "corrupted in transit"),
+    (lambda: _http_error(400, "InvalidHeaderValue"), True, False, "InvalidHeaderValue"),
     (lambda: ClientAuthenticationError("DefaultAzureCredential failed\nManagedIdentity: no"), True, False, "no usable Azure credential"),
     (lambda: ServiceRequestError("dns", error=socket.gaierror(-2, "Name or service not known")), False, False, "cannot resolve"),
     (lambda: ServiceRequestError("dns", error=socket.gaierror(-3, "Temporary failure")), True, True, "cannot resolve"),
@@ -356,6 +355,20 @@ async def test_content_md5_and_metadata_on_uploaded_blobs(azure_stores):
 
 
 @pytest.mark.azure
+async def test_service_checks_the_content_md5(azure_stores):
+    store = await azure_stores("corrupt")
+    data = b"the bytes we meant to send"
+    wrong = hashlib.md5(b"something else").digest()
+    with pytest.raises(HttpResponseError) as e:
+        await store._put_blob("corrupt/r/k", data, wrong, {}, None)
+    # Azure answers 400 Md5Mismatch (classified transient, see test_error_classification);
+    # Azurite answers 400 InvalidOperation. Either way nothing was stored.
+    assert e.value.status_code == 400 and e.value.error_code in ("Md5Mismatch", "InvalidOperation")
+    with pytest.raises(NotFound):
+        await store.get("r/k")
+
+
+@pytest.mark.azure
 async def test_foreign_blob_without_metadata(azure_stores):
     store = await azure_stores("f")
     async with azure_stores.raw() as svc:
@@ -429,9 +442,10 @@ async def _assert_newer_won(store: AzureBlobStore, key: str) -> None:
 @pytest.mark.azure
 @pytest.mark.parametrize("block_upload", [False, True], ids=["single-put", "block-upload"])
 async def test_race_newer_always_wins(azure_stores, block_upload):
+    counter = RequestCounter()
     opts = dict(max_single_put_size=256, max_block_size=128) if block_upload else {}
-    a = await azure_stores("race", **opts)
-    b = await azure_stores("race", **opts)
+    a = await azure_stores("race", raw_request_hook=counter, **opts)
+    b = await azure_stores("race", raw_request_hook=counter, **opts)
 
     # 1. Sequential, both orders, same store object and two store objects.
     for first, second, tag in ((a, a, "aa"), (a, b, "ab"), (b, a, "ba")):
@@ -462,6 +476,7 @@ async def test_race_newer_always_wins(azure_stores, block_upload):
     # 3. Truly concurrent uploads, from two store objects and from one, in both start orders,
     #    on fresh keys (both believe it absent) and on existing keys (both hold an ETag).
     rounds = 4 if block_upload else 8
+    counter.requests.clear()
     for i in range(rounds):
         for existing in (False, True):
             for tag, (s_old, s_new) in (("two", (a, b)), ("two-rev", (b, a)), ("one", (a, a))):
@@ -475,6 +490,8 @@ async def test_race_newer_always_wins(azure_stores, block_upload):
                 await asyncio.gather(*jobs)
                 await _assert_newer_won(a, key)
                 await _assert_newer_won(b, key)
+    # The conditional path really ran: writers collided and read the blob to decide.
+    assert any(r.startswith("HEAD") for r in counter.requests)
 
 
 async def test_retry_policy_is_exponential_with_jitter():
@@ -489,3 +506,22 @@ async def test_retry_policy_is_exponential_with_jitter():
             assert len(waits) > 1  # jittered
     finally:
         await store.aclose()
+
+
+@pytest.mark.azure
+async def test_sdk_fallback_path_behaves_the_same(azure_stores):
+    """put without the direct pipeline (if a future SDK hides it) uses BlobClient.upload_blob."""
+    store = await azure_stores("fallback")
+    other = await azure_stores("fallback")
+    store._pipeline = None
+    data = b"fallback" * 10
+    await store.put("r/k", data, meta(data, 10))
+    assert (await store.put("r/k", OLD, meta(OLD, 5))).mtime_ns == 10  # known newer: no request
+    await other.put("r/k", NEW, meta(NEW, 20))
+    assert (await store.put("r/k", OLD, meta(OLD, 15))).mtime_ns == 20  # 412, read, superseded
+    assert (await store.put("r/k", b"", meta(b"", 30))).mtime_ns == 30
+    got, info = await other.get("r/k")
+    assert got == b"" and info.mtime_ns == 30
+    async with azure_stores.raw() as svc:
+        props = await svc.get_container_client(azure_stores.container).get_blob_client("fallback/r/k").get_blob_properties()
+    assert props.content_settings.content_md5 == hashlib.md5(b"").digest()
