@@ -150,13 +150,17 @@ def _open(settings: Settings):
     return make_store(settings.store, settings.prefix)
 
 
-async def _prepare(daemon, settings: Settings) -> int | None:
+async def _prepare(daemon, settings: Settings, claim: bool = True) -> int | None:
     """Restore by the rule; an exit code when the command must stop, None to go on."""
     from sidecar.restorer import RestoreError
     from sidecar.store.base import StoreError
 
+    from sidecar.fence import Fenced
+
     try:
-        await daemon.prepare()
+        await daemon.prepare(claim=claim)
+    except Fenced as e:
+        return _fail(str(e))
     except RestoreError as e:
         return _fail(f"restore failed: {e}")
     except StoreError as e:
@@ -174,7 +178,7 @@ async def _restore(settings: Settings, roots: list[Root]) -> int:
     store = _open(settings)
     try:
         daemon = Daemon(settings, roots, store)
-        code = await _prepare(daemon, settings)
+        code = await _prepare(daemon, settings, claim=False)  # reads only: no need to own the store
         return EXIT_OK if code is None else code
     finally:
         await store.aclose()

@@ -74,6 +74,8 @@ class Settings(BaseSettings):
     reconcile_interval: float = Field(30.0, ge=0, description="seconds between local rescans (0: off)")
     full_reconcile_interval: float = Field(3600.0, ge=0, description="seconds between store listings (0: start only)")
     drain_timeout: float = Field(20.0, ge=0, description="seconds to flush pending work on shutdown")
+    fence_window: float = Field(2.0, gt=0, description="seconds a proof of store ownership is trusted")
+    fence_margin: float = Field(8.0, ge=0, description="extra wait before writing after a recently active owner")
     max_file_size: int = Field(256 * 1024 * 1024, ge=1, description="files larger than this are not mirrored")
     http_addr: str = Field(f"127.0.0.1:{DEFAULT_HTTP_PORT}", description="host:port of /livez /readyz /metrics ('' to disable)")
     log_level: Literal["debug", "info", "warning", "error"] = "info"

@@ -23,6 +23,7 @@ from sidecar.config import Settings
 from sidecar.localfs import LocalStat, scan_root
 from sidecar.paths import IgnoreRules, Root
 from sidecar.plan import plan_reconcile
+from sidecar.fence import Fence
 from sidecar.snapshot import bundle_key
 from sidecar.restorer import Listing, RestoreResult, list_store, restore
 from sidecar.store.base import Store, StoreError, TransientStoreError
@@ -69,12 +70,17 @@ class Daemon:
         self.protected: set[str] = set()
 
     # -- phase 1: restore --------------------------------------------------------------------
-    async def prepare(self, restore_mode: str | None = None) -> RestoreResult | None:
-        """Open the store, list it once and restore by the rule. Raises StoreError/RestoreError."""
+    async def prepare(self, restore_mode: str | None = None, claim: bool = True) -> RestoreResult | None:
+        """Open the store, claim it (fencing off an older writer), list it once and restore by the
+        rule. Raises StoreError/RestoreError/Fenced."""
         mode = restore_mode or self.settings.restore
         self.health.set("restoring", "restoring state from the store")
         deadline = time.monotonic() + STARTUP_RETRY_SECONDS
         await retry_transient(self.store.open, "open", deadline)
+        if claim:
+            fence = Fence(self.store, self.settings.fence_window, self.settings.fence_margin)
+            await retry_transient(fence.claim, "claim", deadline)
+            self.uploader.fence = fence
         self.listing = await retry_transient(lambda: list_store(self.store, self.roots), "list", deadline)
         result = await restore(self.store, self.roots, self.listing, mode=mode,
                                concurrency=self.settings.concurrency)
@@ -191,11 +197,22 @@ class Daemon:
                         log.warning("flush_abandoned", detail="second signal")
                         scope.cancel()
                     tg.start_soon(_abandon)
+
+                async def _fenced() -> None:  # nothing more can be written: report at once
+                    await self.uploader.fenced.wait()
+                    scope.cancel()
+                tg.start_soon(_fenced)
                 await self.uploader.wait_idle()
                 await self.reconcile(final=True)  # anything the watcher has not reported yet
                 await self.uploader.wait_idle()
                 tg.cancel_scope.cancel()
         left = sorted(self.uploader.pending_keys())
+        fence = self.uploader.fence
+        if fence is not None and not left:
+            try:
+                await fence.release()
+            except StoreError as e:
+                log.warning("fence_release_failed", error=str(e))
         if left:
             log.error("shutdown_pending", pending=len(left), paths=",".join(left[:20]),
                       seconds=round(time.monotonic() - t0, 3))

@@ -22,6 +22,7 @@ FAILURES = Counter(_P + "failures", "Failed store operations, by kind", ["kind"]
 RETRIES = Counter(_P + "retries", "Store operations retried after a transient failure", registry=REGISTRY)
 LAST_SYNC = Gauge(_P + "last_sync_timestamp_seconds", "Unix time the pending set was last empty", registry=REGISTRY)
 READY = Gauge(_P + "ready", "1 while /readyz answers 200 (restored and mirroring), else 0", registry=REGISTRY)
+FENCED = Gauge(_P + "fenced", "1 when a newer sidecar owns the store prefix and this one stopped writing", registry=REGISTRY)
 DEGRADED = Gauge(_P + "store_degraded", "1 while the store is failing and work is being retried", registry=REGISTRY)
 LATENCY = Histogram(
     _P + "write_to_durable_seconds",

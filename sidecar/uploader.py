@@ -23,6 +23,7 @@ from sidecar import log, metrics
 from sidecar.localfs import TooLarge, Unstable, Vanished, below_root_without_links, read_stable, scan_root
 from sidecar.paths import IgnoreRules, Root, UnsafeKey, locate, make_key, split_key
 from sidecar.queue import DELETE, UPLOAD, Op, PendingSet
+from sidecar.fence import Fence, Fenced
 from sidecar.snapshot import Change, bundle_key, encode_bundle
 from sidecar.store.base import ObjectInfo, ObjectMeta, Store, StoreError, TransientStoreError
 
@@ -58,6 +59,9 @@ class Uploader:
         self.snapshots: dict[str, PendingSet] = {name: PendingSet() for name in snapshot_roots}
         #: snapshot roots whose bundle may still be in the store (the next commit replaces it)
         self.bundle_outstanding: set[str] = set()
+        #: set by the daemon for sync/run: proves ownership of the store prefix before writes
+        self.fence: Fence | None = None
+        self.fenced = anyio.Event()
         #: What the store is known to hold (from the last listing and our own writes).
         self.remote: dict[str, ObjectInfo] = {}
         self._dirty_since: dict[str, float] = {}
@@ -192,12 +196,24 @@ class Uploader:
             finally:
                 self._notify()  # wakes workers waiting on a barrier this op may have opened
 
+    async def _guard(self) -> None:
+        """Before any write: wait for and prove store ownership; park for good when fenced."""
+        if self.fence is None:
+            return
+        try:
+            await self.fence.before_write()
+        except Fenced:
+            self.fenced.set()
+            metrics.FENCED.set(1)
+            await anyio.sleep_forever()
+
     async def _handle(self, op: Op) -> None:
         started = self._dirty_since.pop(op.key, None) if op.kind == UPLOAD else None
         attempt = 0
         while True:
             attempt += 1
             try:
+                await self._guard()
                 if op.kind == UPLOAD:
                     await self._upload(op, started)
                 else:
@@ -251,6 +267,7 @@ class Uploader:
                 continue
             started = [t for t in (self._dirty_since.pop(op.key, None) for op in ops) if t is not None]
             try:
+                await self._guard()
                 committed = await self._commit_snapshot(root, [op.key for op in ops])
             except StoreError as e:
                 attempt += 1

@@ -108,7 +108,7 @@ async def _watch_once(roots, ids, notify, stop, on_paths, debounce_ms) -> list[R
 
 
 async def _pump(notify: RustNotify, stop: threading.Event, on_paths, debounce_ms: int) -> None:
-    step = max(1, min(5, debounce_ms))
+    step = max(1, min(2, debounce_ms))  # quiet time that ends a batch; debounce caps it
     while True:
         raw = await anyio.to_thread.run_sync(notify.watch, debounce_ms, step, 1000, stop, abandon_on_cancel=True)
         if raw in ("timeout", "signal"):

@@ -61,6 +61,7 @@ def sidecar_env(**extra: str) -> dict[str, str]:
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     env["SIDECAR_LOG_FORMAT"] = "json"
     env["SIDECAR_HTTP_ADDR"] = ""
+    env["SIDECAR_FENCE_MARGIN"] = "1"  # a restarted sidecar waits out its predecessor's window; keep it short
     env.update(extra)
     return env
 

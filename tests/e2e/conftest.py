@@ -59,7 +59,7 @@ def start_host():
 def _sidecar_env() -> dict[str, str]:
     """The wrapper imports ``sidecar`` from this checkout even when it is not installed."""
     path = os.environ.get("PYTHONPATH")
-    return {"PYTHONPATH": str(REPO_ROOT) + (os.pathsep + path if path else "")}
+    return {"PYTHONPATH": str(REPO_ROOT) + (os.pathsep + path if path else ""), "SIDECAR_FENCE_MARGIN": "1"}
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,365 @@
+"""checkpoint-sidecar benchmarks, each measured side by side with its reference in one run.
+
+    .venv/bin/python bench/run.py            # full run (about 5 minutes)
+    .venv/bin/python bench/run.py --quick    # smoke: small sizes, seconds (CI keeps it working)
+    .venv/bin/python bench/run.py --only latency,burst
+
+Starts its own Azurite on 127.0.0.1 and prints one table — figure, the project's value, the
+reference measured in the same run, the ratio, the target — and writes it to
+bench/out/results.json. Nothing here asserts a time.
+
+Figures:
+  latency    a file written atomically into a mirrored root -> the blob stored (sidecar's "uploaded"
+             log line, bytes verified after), p50/p99 for 4 KiB and 256 KiB; floor: the raw async
+             SDK upload of the same bytes, interleaved.
+  burst      1,000 x 16 KiB files appear at once (a directory renamed into the root) -> all
+             durable; references: the raw SDK with 16 in flight reading the same files, and
+             `rclone copy --transfers 16` of the same tree.
+  restore    1,000 files / ~100 MiB in the store -> `checkpoint-sidecar restore` done (verified);
+             reference: `rclone copy` down with 16 transfers.
+  footprint  RSS and CPU of an idle `sync` over 60 s (10 s with --quick) with 10,000 files.
+  scaling    write -> durable p50 with 1,000 vs 100,000 files under the roots (directory store,
+             so the setup takes seconds, not minutes).
+  coldstart  launch -> agent host /readiness, bare vs under `checkpoint-sidecar run --` restoring
+             20 files / 2 MiB from Azurite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import queue
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(REPO), str(REPO / "tests")]
+
+from azure.storage.blob import AccountSasPermissions, ResourceTypes, generate_account_sas  # noqa: E402
+from azure.storage.blob.aio import BlobServiceClient  # noqa: E402
+
+from tests.azurite import DEV_ACCOUNT, DEV_KEY, Azurite  # noqa: E402
+
+OUT = REPO / "bench" / "out"
+RESULTS: list[dict] = []
+
+
+def pct(values: list[float], p: float) -> float:
+    v = sorted(values)
+    return v[min(len(v) - 1, max(0, round(p / 100 * (len(v) - 1))))]
+
+
+def record(figure: str, project: float, reference: float | None, unit: str, target: str, ref_name: str) -> None:
+    ratio = (project / reference) if reference else None
+    RESULTS.append({"figure": figure, "project": round(project, 3), "reference": None if reference is None else round(reference, 3),
+                    "reference_name": ref_name, "ratio": None if ratio is None else round(ratio, 2), "unit": unit,
+                    "target": target})
+    r = "-" if reference is None else f"{reference:.2f}"
+    q = "-" if ratio is None else f"{ratio:.2f}x"
+    print(f"  {figure:42} {project:10.2f} {r:>10} {unit:5} {q:>7}   {ref_name} | target: {target}", flush=True)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+class SidecarProc:
+    """`checkpoint-sidecar` as a real process; its JSON log lines are read as they arrive."""
+
+    def __init__(self, args: list[str], cwd: Path, env: dict[str, str]) -> None:
+        self.lines: queue.Queue = queue.Queue()
+        self.proc = subprocess.Popen([sys.executable, "-m", "sidecar", *args], cwd=cwd, env=env,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for raw in self.proc.stderr:
+            now = time.perf_counter()
+            try:
+                self.lines.put((now, json.loads(raw)))
+            except ValueError:
+                pass
+
+    def wait(self, event: str, path: str | None = None, timeout: float = 120) -> float:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                t, e = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise TimeoutError(f"no {event} {path or ''} within {timeout}s") from None
+            if e.get("event") == event and (path is None or e.get("path") == path):
+                return t
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(60)
+
+
+def env_for(conn: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SIDECAR_")}
+    env.update(PYTHONPATH=str(REPO), AZURE_STORAGE_CONNECTION_STRING=conn, SIDECAR_LOG_FORMAT="json",
+               SIDECAR_HTTP_ADDR="")
+    return env
+
+
+# -- figures ----------------------------------------------------------------------------------
+
+async def bench_latency(az: Azurite, tmp: Path, n: int) -> None:
+    work = tmp / "lat"
+    (work / ".checkpoints").mkdir(parents=True)
+    url = f"{az.url}/lat"
+    sc = SidecarProc(["sync", "--store", url, "--log-level", "debug"], work, env_for(az.connection_string))
+    sc.wait("ready", timeout=60)
+    async with BlobServiceClient.from_connection_string(az.connection_string) as svc:
+        container = svc.get_container_client("lat")
+        for size in (4096, 256 * 1024):
+            side, floor = [], []
+            for i in range(n):
+                data = os.urandom(size)
+                key = f"ctx/{size}-{i}.json"
+                t0 = time.perf_counter()
+                write_atomic(work / ".checkpoints" / key, data)
+                t1 = sc.wait("uploaded", f".checkpoints/{key}")
+                side.append(t1 - t0)
+                blob = container.get_blob_client(f"floor/{size}-{i}")
+                t0 = time.perf_counter()
+                await blob.upload_blob(data, overwrite=True)
+                floor.append(time.perf_counter() - t0)
+            got = await (await container.get_blob_client(f".checkpoints/{key}").download_blob()).readall()
+            assert got == data, "stored bytes differ"
+            label = f"{size // 1024} KiB"
+            record(f"latency {label} p50 (write -> durable)", pct(side, 50) * 1e3, pct(floor, 50) * 1e3, "ms",
+                   "p50 within 20 ms of the floor", "raw SDK upload")
+            record(f"latency {label} p99", pct(side, 99) * 1e3, pct(floor, 99) * 1e3, "ms", "< 100 ms", "raw SDK upload")
+    sc.stop()
+
+
+def rclone_env(az: Azurite) -> dict[str, str]:
+    """rclone 1.60 reaches Azurite on a custom port only through an account SAS URL."""
+    sas = generate_account_sas(DEV_ACCOUNT, DEV_KEY, ResourceTypes(service=True, container=True, object=True),
+                               AccountSasPermissions(read=True, write=True, list=True, delete=True, add=True,
+                                                     create=True),
+                               expiry=datetime.now(timezone.utc) + timedelta(hours=2))
+    env = dict(os.environ)
+    env.update(RCLONE_CONFIG_AZ_TYPE="azureblob", RCLONE_CONFIG_AZ_SAS_URL=f"{az.url}?{sas}")
+    return env
+
+
+def run_rclone(args: list[str], env: dict[str, str]) -> float | None:
+    if shutil.which("rclone") is None:
+        return None
+    t0 = time.perf_counter()
+    subprocess.run(["rclone", *args, "--transfers", "16", "--checkers", "16", "-q"], env=env, check=True)
+    return time.perf_counter() - t0
+
+
+async def raw_upload_tree(conn: str, container: str, src: Path, prefix: str, inflight: int = 16) -> float:
+    files = sorted(p for p in src.rglob("*") if p.is_file())
+    sem = asyncio.Semaphore(inflight)
+    async with BlobServiceClient.from_connection_string(conn) as svc:
+        cc = svc.get_container_client(container)
+        try:
+            await cc.create_container()
+        except Exception:
+            pass
+        t0 = time.perf_counter()
+
+        async def one(p: Path) -> None:
+            async with sem:
+                data = await asyncio.to_thread(p.read_bytes)
+                await cc.get_blob_client(f"{prefix}/{p.relative_to(src)}").upload_blob(data, overwrite=True)
+
+        await asyncio.gather(*(one(p) for p in files))
+        return time.perf_counter() - t0
+
+
+async def bench_burst(az: Azurite, tmp: Path, n: int) -> None:
+    work = tmp / "burst"
+    (work / ".checkpoints").mkdir(parents=True)
+    staging = work / "staging"
+    for i in range(n):
+        (staging / f"d{i % 20}").mkdir(parents=True, exist_ok=True)
+        (staging / f"d{i % 20}" / f"{i}.json").write_bytes(os.urandom(16 * 1024))
+    ref = await raw_upload_tree(az.connection_string, "burstraw", staging, "raw")
+    rc = run_rclone(["copy", str(staging), "az:burstrclone"], rclone_env(az))
+    sc = SidecarProc(["sync", "--store", f"{az.url}/burst", "--log-level", "debug"], work, env_for(az.connection_string))
+    sc.wait("ready", timeout=60)
+    t0 = time.perf_counter()
+    os.rename(staging, work / ".checkpoints" / "burst")  # all 1,000 appear at once
+    t_last = t0
+    for _ in range(n):
+        t_last = sc.wait("uploaded")
+    drain = t_last - t0
+    sc.stop()
+    record(f"burst {n} x 16 KiB drain", drain, ref, "s", "<= 1.2x raw SDK", "raw SDK, 16 in flight")
+    if rc is not None:
+        record(f"burst {n} x 16 KiB drain", drain, rc, "s", "(informational)", "rclone copy --transfers 16")
+
+
+async def bench_restore(az: Azurite, tmp: Path, n: int, size: int) -> None:
+    from sidecar.store.azure import AzureBlobStore
+    from sidecar.store.base import ObjectMeta
+
+    store = AzureBlobStore.from_url(f"{az.url}/restore", env={"AZURE_STORAGE_CONNECTION_STRING": az.connection_string})
+    await store.open()
+    sem = asyncio.Semaphore(16)
+
+    async def put(i: int) -> None:
+        data = os.urandom(size)
+        async with sem:
+            await store.put(f".checkpoints/c{i % 50}/{i}.json", data, ObjectMeta.of(data, time.time_ns(), 0o600))
+
+    await asyncio.gather(*(put(i) for i in range(n)))
+    await store.aclose()
+    work = tmp / "restore"
+    work.mkdir()
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "sidecar", "restore", "--store", f"{az.url}/restore", "--log-level", "warning"],
+                   cwd=work, env=env_for(az.connection_string), check=True)
+    ours = time.perf_counter() - t0
+    assert sum(1 for p in (work / ".checkpoints").rglob("*.json")) == n
+    rc = run_rclone(["copy", "az:restore/.checkpoints", str(tmp / "restore-rclone")], rclone_env(az))
+    record(f"restore {n} files / {n * size // 2**20} MiB", ours, rc, "s", "<= rclone", "rclone copy --transfers 16")
+
+
+def proc_stats(pid: int) -> tuple[float, int]:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    with open(f"/proc/{pid}/status") as f:
+        rss = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+    return cpu, rss * 1024
+
+
+async def bench_footprint(az: Azurite, tmp: Path, n: int, seconds: float) -> None:
+    work = tmp / "idle"
+    for i in range(n):
+        p = work / ".checkpoints" / f"u{i % 10}" / f"c{i % 500}" / f"{i}.json"
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(b"{}")
+    sc = SidecarProc(["sync", "--store", f"{az.url}/idle"], work, env_for(az.connection_string))
+    sc.wait("ready", timeout=300)
+    while sc.proc.poll() is None:  # until the initial reconcile's uploads are done
+        status = subprocess.run([sys.executable, "-m", "sidecar", "status", "--store", f"{az.url}/idle"], cwd=work,
+                                env=env_for(az.connection_string), capture_output=True)
+        if status.returncode == 0:
+            break
+        time.sleep(1)
+    cpu0, _ = proc_stats(sc.proc.pid)
+    t0 = time.monotonic()
+    time.sleep(seconds)
+    cpu1, rss = proc_stats(sc.proc.pid)
+    sc.stop()
+    record(f"idle RSS, {n} files", rss / 2**20, None, "MiB", "< 60 MiB", "")
+    record(f"idle CPU over {seconds:.0f} s", 100 * (cpu1 - cpu0) / (time.monotonic() - t0), None, "%", "< 0.5 % of a core", "")
+
+
+def bench_scaling(tmp: Path, sizes: list[int], writes: int) -> None:
+    p50s = []
+    for n in sizes:
+        work, store = tmp / f"scale{n}", tmp / f"scale{n}-store"
+        for i in range(n):
+            p = work / ".checkpoints" / f"u{i % 10}" / f"c{i % 1000}" / f"{i}.json"
+            if i < 1000:
+                p.parent.mkdir(parents=True, exist_ok=True)
+            p.write_bytes(b"{}")
+        # seed the store without fsync (setup only, not measured)
+        seed = ("import os, sys; os.fsync = lambda fd: None; from sidecar.cli import main; "
+                "sys.exit(main(['run', '--store', sys.argv[1], '--http-addr', '', '--', 'true']))")
+        subprocess.run([sys.executable, "-c", seed, str(store)], cwd=work, env=env_for(""), check=True,
+                       stderr=subprocess.DEVNULL)
+        sc = SidecarProc(["sync", "--store", str(store), "--log-level", "debug"], work, env_for(""))
+        sc.wait("ready", timeout=600)
+        lat = []
+        for i in range(writes):
+            key = f"u0/c0/new-{i}.json"
+            t0 = time.perf_counter()
+            write_atomic(work / ".checkpoints" / key, os.urandom(4096))
+            lat.append(sc.wait("uploaded", f".checkpoints/{key}") - t0)
+        sc.stop()
+        p50s.append(pct(lat, 50) * 1e3)
+        shutil.rmtree(work)
+        shutil.rmtree(store)
+    record(f"write -> durable p50, {sizes[1]} vs {sizes[0]} files", p50s[1], p50s[0], "ms",
+           "ratio ~1 (no growth with the tree)", f"same with {sizes[0]} files (directory store)")
+
+
+def bench_coldstart(az: Azurite, tmp: Path, rounds: int) -> None:
+    from agenthost import AgentHost, ensure_venv
+
+    python = ensure_venv("issue")
+    from sidecar.store.azure import AzureBlobStore
+    from sidecar.store.base import ObjectMeta
+
+    async def seed() -> None:
+        store = AzureBlobStore.from_url(f"{az.url}/cold", env={"AZURE_STORAGE_CONNECTION_STRING": az.connection_string})
+        await store.open()
+        for i in range(20):
+            data = os.urandom(100 * 1024)
+            await store.put(f".checkpoints/resp_{i}/{i}.json", data, ObjectMeta.of(data, time.time_ns(), 0o600))
+        await store.aclose()
+
+    asyncio.run(seed())
+    wrapper = [sys.executable, "-m", "sidecar", "run", "--store", f"{az.url}/cold", "--http-addr", "", "--"]
+    bare, wrapped = [], []
+    for r in range(rounds):
+        for label, wrap, out in (("bare", None, bare), ("wrapped", wrapper, wrapped)):
+            work = tmp / f"cold-{label}-{r}"
+            work.mkdir()
+            host = AgentHost(work, python, wrapper=wrap, env=env_for(az.connection_string))
+            host.start().wait_ready(60)
+            out.append(host.ready_after)
+            host.stop()
+            if wrap:
+                assert len(list((work / ".checkpoints").rglob("*.json"))) == 20
+    b, w = statistics.median(bare), statistics.median(wrapped)
+    record("cold start to /readiness (median)", w * 1e3, b * 1e3, "ms", "<= 200 ms added", "bare host")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description="checkpoint-sidecar benchmarks")
+    ap.add_argument("--quick", action="store_true", help="tiny sizes: keeps the harness working, figures meaningless")
+    ap.add_argument("--only", default="latency,burst,restore,footprint,scaling,coldstart")
+    args = ap.parse_args()
+    only = set(args.only.split(","))
+    q = args.quick
+    OUT.mkdir(parents=True, exist_ok=True)
+    print(f"machine: {platform.platform()}, {os.cpu_count()} cores, Python {platform.python_version()}")
+    print(f"  {'figure':42} {'project':>10} {'reference':>10} unit  {'ratio':>7}")
+    with tempfile.TemporaryDirectory(prefix="sidecar-bench-") as t:
+        tmp = Path(t)
+        with Azurite(location=str(tmp / "azurite")) as az:
+            if "latency" in only:
+                asyncio.run(bench_latency(az, tmp, 20 if q else 300))
+            if "burst" in only:
+                asyncio.run(bench_burst(az, tmp, 100 if q else 1000))
+            if "restore" in only:
+                asyncio.run(bench_restore(az, tmp, 100 if q else 1000, 10 * 1024 if q else 100 * 1024))
+            if "footprint" in only:
+                asyncio.run(bench_footprint(az, tmp, 500 if q else 10_000, 3 if q else 60))
+            if "scaling" in only:
+                bench_scaling(tmp, [200, 2000] if q else [1000, 100_000], 10 if q else 100)
+            if "coldstart" in only:
+                bench_coldstart(az, tmp, 1 if q else 5)
+    out = OUT / ("results-quick.json" if q else "results.json")
+    out.write_text(json.dumps({"machine": platform.platform(), "cores": os.cpu_count(), "quick": q,
+                               "results": RESULTS}, indent=2))
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

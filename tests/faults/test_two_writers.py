@@ -1,0 +1,71 @@
+"""Two writers: an old compute still draining while the new one starts. The newer sidecar fences the
+older one, whose uploads and deletes are then refused, so it can never overwrite or delete the new
+one's files."""
+
+from __future__ import annotations
+
+import pytest
+
+from support import Sidecar, disk_tree, store_tree, wait_for, write_atomic
+
+pytestmark = pytest.mark.faults
+
+
+@pytest.mark.parametrize("backend", ["directory", "azure"])
+def test_newer_sidecar_fences_the_older(tmp_path, backend, request):
+    env_extra = {}
+    if backend == "azure":
+        endpoint = request.getfixturevalue("azurite")
+        from tests.azurite import unique_container
+
+        store = endpoint.container_url(unique_container("fence"))
+        env_extra = endpoint.env()
+        listing = lambda: _azure_tree(endpoint, store)  # noqa: E731
+    else:
+        store = str(tmp_path / "store")
+        listing = lambda: store_tree(tmp_path / "store")  # noqa: E731
+    from support import sidecar_env
+
+    env = sidecar_env(SIDECAR_FENCE_WINDOW="0.5", **env_extra)
+    old, new = tmp_path / "old", tmp_path / "new"
+    old.mkdir()
+    new.mkdir()
+    a = Sidecar(old, "sync", "--store", store, env=env)
+    a.wait_event("ready")
+    write_atomic(old / ".checkpoints" / "c" / "shared.json", b"from the old compute")
+    write_atomic(old / ".checkpoints" / "c" / "keep.json", b"keep me")
+    wait_for(lambda: listing() == disk_tree(old / ".checkpoints"), 20, "old writer mirrored")
+
+    b = Sidecar(new, "sync", "--store", store, env=env)  # restores what the old one stored
+    b.wait_event("ready")
+    assert disk_tree(new / ".checkpoints") == disk_tree(old / ".checkpoints")
+    write_atomic(new / ".checkpoints" / "c" / "shared.json", b"from the new compute")
+    wait_for(lambda: listing().get("c/shared.json") == b"from the new compute", 20, "new writer's upload")
+
+    # the old compute keeps going: a stale rewrite, a new file and a delete
+    write_atomic(old / ".checkpoints" / "c" / "shared.json", b"STALE")
+    write_atomic(old / ".checkpoints" / "c" / "late.json", b"late")
+    (old / ".checkpoints" / "c" / "keep.json").unlink()
+    a.wait_event("fenced")
+    assert a.stop() == 75  # its changes were left pending, and it says so
+    assert a.has_event("shutdown_pending")
+
+    assert listing() == disk_tree(new / ".checkpoints") == {
+        "c/shared.json": b"from the new compute", "c/keep.json": b"keep me"}
+    assert b.stop() == 0
+
+
+def _azure_tree(endpoint, container_url: str) -> dict[str, bytes]:
+    import asyncio
+
+    from azure.storage.blob.aio import ContainerClient
+
+    async def go():
+        name = container_url.rstrip("/").rsplit("/", 1)[1]
+        async with ContainerClient.from_connection_string(endpoint.connection_string, name) as cc:
+            out = {}
+            async for blob in cc.list_blobs(name_starts_with=".checkpoints/"):
+                out[blob.name.split("/", 1)[1]] = await (await cc.download_blob(blob.name)).readall()
+            return out
+
+    return asyncio.run(go())
