@@ -39,7 +39,7 @@ def _flag_map() -> list[tuple[str, str, dict[str, Any]]]:
         ("--ignore", "ignore", {"help": "comma-separated basename globs never mirrored (default *.tmp,.sidecar-*)"}),
         ("--concurrency", "concurrency", {"type": int, "help": "store operations in flight (default 16)"}),
         ("--debounce-ms", "debounce_ms", {"type": int, "help": "watch batching window in ms (default 10)"}),
-        ("--reconcile-interval", "reconcile_interval", {"type": float, "help": "seconds between local rescans (default 30)"}),
+        ("--reconcile-interval", "reconcile_interval", {"type": float, "help": "seconds between local rescans (default 60)"}),
         ("--full-reconcile-interval", "full_reconcile_interval", {"type": float, "help": "seconds between store listings (default 3600)"}),
         ("--drain-timeout", "drain_timeout", {"type": float, "help": "seconds to flush on shutdown (default 20)"}),
         ("--max-file-size", "max_file_size", {"type": int, "help": "bytes; larger files are not mirrored"}),

@@ -71,7 +71,7 @@ class Settings(BaseSettings):
     restore_optional: bool = Field(False, description="start even when the store cannot be reached")
     concurrency: int = Field(16, ge=1, le=256, description="uploads/downloads in flight")
     debounce_ms: int = Field(10, ge=1, le=10_000, description="watch batching window")
-    reconcile_interval: float = Field(30.0, ge=0, description="seconds between local rescans (0: off)")
+    reconcile_interval: float = Field(60.0, ge=0, description="seconds between local rescans (0: off)")
     full_reconcile_interval: float = Field(3600.0, ge=0, description="seconds between store listings (0: start only)")
     drain_timeout: float = Field(20.0, ge=0, description="seconds to flush pending work on shutdown")
     fence_window: float = Field(2.0, gt=0, description="seconds a proof of store ownership is trusted")

@@ -7,7 +7,9 @@ daemon's event loop but only ever reads :class:`~sidecar.daemon.Health` and the 
 so a slow or hostile client can hold a connection slot, never the sync path.
 
     GET /livez    200 while the process works (restoring, or uploader workers and watcher alive)
-    GET /readyz   200 once restored and the first reconcile is done; 503 before and while stopping
+    GET /readyz   200 once restored and the first reconcile is done; 503 before and while stopping.
+                  While the store is failing the answer stays 200 and its body says so
+                  (``ready: ...; store degraded for 12s: ...``)
     GET /metrics  Prometheus text format
 
 ``checkpoint-sidecar probe ready|live`` asks the same questions of a running sidecar and answers
@@ -22,7 +24,8 @@ import re
 import socket
 import sys
 import time
-from typing import TYPE_CHECKING
+from functools import partial
+from typing import TYPE_CHECKING, Callable
 from urllib.parse import urlsplit
 
 import anyio
@@ -74,9 +77,18 @@ def liveness(health: "Health") -> tuple[bool, str]:
     return True, f"live: {health.phase}"
 
 
-def readiness(health: "Health") -> tuple[bool, str]:
-    """Ready once restore is done and the first reconcile is queued; not ready again while stopping."""
+def readiness(health: "Health", degraded_seconds: float | None = None) -> tuple[bool, str]:
+    """Ready once restore is done and the first reconcile is queued; not ready again while stopping.
+
+    A failing store (``degraded_seconds``: how long store operations have been failing, None when
+    they are not) does not make the sidecar unready: readiness gates the host's start (the startup
+    probe), and neither restarting the sidecar nor taking the pod out of service fixes the store.
+    Changes are kept, coalesced per path, and retried. The body says so, for people and probes that
+    read it; alerts use ``checkpoint_sidecar_store_degraded``."""
     if health.ready:
+        if degraded_seconds is not None:
+            return True, (f"ready: {health.reason}; store degraded for {int(degraded_seconds)}s: "
+                          "store operations are failing and being retried, changes are kept")
         return True, f"ready: {health.reason}"
     return False, f"not ready: {health.reason}"
 
@@ -104,7 +116,7 @@ async def serve(settings: "Settings", daemon: "Daemon", *,
         raise HttpBindError(_bind_message(settings.http_addr, e)) from None
     from sidecar import metrics  # here, not at the top: ``probe`` starts faster without prometheus
 
-    server = _Server(daemon.health)
+    server = _Server(daemon.health, partial(_degraded_seconds, daemon))
     metrics.READY.set_function(lambda: 1.0 if daemon.health.ready else 0.0)
     async with listener, anyio.create_task_group() as tg:
         addrs = [_fmt_addr(sub.extra(SocketAttribute.local_address)) for sub in listener.listeners]
@@ -112,6 +124,12 @@ async def serve(settings: "Settings", daemon: "Daemon", *,
         for sub in listener.listeners:
             tg.start_soon(server.accept_loop, sub, tg)
         task_status.started()
+
+
+def _degraded_seconds(daemon: "Daemon") -> float | None:
+    """Seconds the store has been failing (the uploader's ``failing_since``), or None."""
+    since = getattr(getattr(daemon, "uploader", None), "failing_since", None)
+    return None if since is None else max(0.0, time.monotonic() - since)
 
 
 def _bind_message(addr: str, e: BaseException) -> str:
@@ -137,8 +155,9 @@ def _fmt_addr(sockaddr) -> str:
 
 
 class _Server:
-    def __init__(self, health: "Health") -> None:
+    def __init__(self, health: "Health", degraded: Callable[[], float | None] = lambda: None) -> None:
         self.health = health
+        self.degraded = degraded
         self.active = 0
 
     async def accept_loop(self, listener: SocketListener, tg) -> None:
@@ -219,7 +238,7 @@ class _Server:
         return (200 if ok else 503), why + "\n", TEXT
 
     def readyz(self) -> tuple[int, bytes | str, str]:
-        ok, why = readiness(self.health)
+        ok, why = readiness(self.health, self.degraded())
         return (200 if ok else 503), why + "\n", TEXT
 
     def metrics(self) -> tuple[int, bytes | str, str]:

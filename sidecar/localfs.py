@@ -10,7 +10,7 @@ import secrets
 import stat
 from dataclasses import dataclass
 
-from sidecar.paths import IgnoreRules, Root, make_key
+from sidecar.paths import MAX_KEY_BYTES, IgnoreRules, Root
 from sidecar.store.base import ObjectMeta
 
 RESTORE_TMP_PREFIX = ".sidecar-restore-"
@@ -42,7 +42,8 @@ def scan_root(root: Root, ignore: IgnoreRules) -> tuple[dict[str, LocalStat], li
     symlinks' keys. A missing root is empty."""
     files: dict[str, LocalStat] = {}
     links: list[str] = []
-    stack = [("", root.path)]
+    ignored = ignore.ignored
+    stack = [(root.name, root.path)]  # directory entries are plain names: keys need no re-validation
     while stack:
         rel_dir, abs_dir = stack.pop()
         try:
@@ -51,19 +52,21 @@ def scan_root(root: Root, ignore: IgnoreRules) -> tuple[dict[str, LocalStat], li
             continue
         with it:
             for entry in it:
-                rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
+                key = f"{rel_dir}/{entry.name}"
                 try:
                     if entry.is_symlink():
-                        links.append(make_key(root, rel))
+                        links.append(key)
                     elif entry.is_dir(follow_symlinks=False):
-                        stack.append((rel, entry.path))
-                    elif entry.is_file(follow_symlinks=False) and not ignore.ignored(rel):
+                        stack.append((key, entry.path))
+                    elif entry.is_file(follow_symlinks=False) and not ignored(entry.name):
+                        if len(key) > MAX_KEY_BYTES and len(key.encode("utf-8", "surrogateescape")) > MAX_KEY_BYTES:
+                            continue  # cannot be stored (the uploader logs it when it sees the event)
                         st = entry.stat(follow_symlinks=False)
-                        files[make_key(root, rel)] = LocalStat(
+                        files[key] = LocalStat(
                             st.st_size, st.st_mtime_ns, st.st_mode & 0o7777, st.st_ino, st.st_ctime_ns
                         )
-                except (FileNotFoundError, ValueError):
-                    continue  # vanished mid-scan, or a name we cannot map
+                except FileNotFoundError:
+                    continue  # vanished mid-scan
     return files, links
 
 

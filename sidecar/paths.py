@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import re
 from dataclasses import dataclass
 
 
@@ -125,7 +126,7 @@ class IgnoreRules:
 
     def __init__(self, patterns: tuple[str, ...] | list[str] = DEFAULT_IGNORE) -> None:
         self.patterns = tuple(patterns)
+        self._match = re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in self.patterns) or "(?!)").match
 
     def ignored(self, rel: str) -> bool:
-        base = rel.rsplit("/", 1)[-1]
-        return any(fnmatch.fnmatchcase(base, pat) for pat in self.patterns)
+        return self._match(rel.rsplit("/", 1)[-1]) is not None

@@ -84,8 +84,10 @@ async def _watch_once(roots, ids, notify, stop, on_paths, debounce_ms) -> list[R
     async with anyio.create_task_group() as tg:
 
         async def poll_roots() -> None:
+            # quick while a root is missing; existing roots report their own removal as an event
+            interval = ROOT_POLL_SECONDS if None in ids.values() else 4 * ROOT_POLL_SECONDS
             while True:
-                await anyio.sleep(ROOT_POLL_SECONDS)
+                await anyio.sleep(interval)
                 now = [r for r in roots if _identity(r.path) != ids[r.path]]
                 if now:
                     changed.extend(now)
