@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import hashlib
 import os
 import secrets
 import stat
@@ -53,6 +54,10 @@ def scan_root(root: Root, ignore: IgnoreRules) -> tuple[dict[str, LocalStat], li
         with it:
             for entry in it:
                 key = f"{rel_dir}/{entry.name}"
+                if "\\" in entry.name or (not entry.name.isascii() and not _utf8(entry.name)):
+                    if not ignored(entry.name):
+                        _refuse_once(key)  # never mirrored, whatever the store (see unmirrorable_reason)
+                    continue
                 try:
                     if entry.is_symlink():
                         links.append(key)
@@ -68,6 +73,49 @@ def scan_root(root: Root, ignore: IgnoreRules) -> tuple[dict[str, LocalStat], li
                 except FileNotFoundError:
                     continue  # vanished mid-scan
     return files, links
+
+
+def _utf8(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+        return True
+    except UnicodeEncodeError:  # undecodable bytes, kept by Python as lone surrogates
+        return False
+
+
+def unmirrorable_reason(name: str) -> str | None:
+    """Why a file or directory name can never be mirrored (None when it can).
+
+    * not valid UTF-8 (``b"\\xff\\xfe.json"``): Azure blob names are UTF-8, and the same tree must
+      give the same store content whichever store is used, so such names are refused everywhere;
+    * a backslash: Azure turns it into ``/`` (a different path on restore), and stored names
+      with a backslash are refused on restore.
+
+    The hosts only ever write UTF-8 names without backslashes (uuids, ids, ``*.json``)."""
+    if "\\" in name:
+        return "the name contains a backslash (a store would turn it into a path separator)"
+    if not _utf8(name):
+        return "the name is not valid UTF-8 (blob names must be; refused for every store alike)"
+    return None
+
+
+def printable(path: str) -> str:
+    """``path`` for logs: undecodable bytes as ``\\xNN`` escapes, never lone surrogates."""
+    return os.fsencode(path).decode("utf-8", "backslashreplace")
+
+
+_refused: set[str] = set()
+
+
+def _refuse_once(key: str) -> None:
+    if key in _refused:
+        return
+    _refused.add(key)
+    from sidecar import log
+
+    log.warning("unmirrorable_name", path=printable(key),
+                reason=unmirrorable_reason(key.rsplit("/", 1)[-1]) or "unsupported name",
+                detail="never mirrored: rename it (a directory's whole tree is skipped)")
 
 
 def has_regular_files(path: str) -> bool:
@@ -176,9 +224,17 @@ def _open_dir_nofollow(root_path: str, parts: list[str], create: bool) -> int:
         raise
 
 
-def write_restored(root: Root, parts: list[str], data: bytes, mtime_ns: int, mode: int) -> None:
-    """Place one restored file atomically: temp file in the target directory, mode and mtime set,
-    renamed over the target. Nothing is left behind on failure (a full disk included)."""
+class ChecksumMismatch(Exception):
+    pass
+
+
+def write_restored(root: Root, parts: list[str], data: bytes, mtime_ns: int, mode: int,
+                   sha256: str | None = None) -> None:
+    """Place one restored file atomically: checked against ``sha256`` (when known), written to a
+    temp file in the target directory, mode and mtime set, renamed over the target. Nothing is left
+    behind on failure (a full disk included)."""
+    if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
+        raise ChecksumMismatch("/".join(parts))
     dfd = _open_dir_nofollow(root.path, parts[:-1], create=True)
     tmp = RESTORE_TMP_PREFIX + secrets.token_hex(6)
     try:

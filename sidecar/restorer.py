@@ -10,7 +10,6 @@ truth. Which roots are restored follows :func:`sidecar.plan.decide_restore`.
 from __future__ import annotations
 
 import errno
-import hashlib
 import re
 import sys
 import time
@@ -20,7 +19,9 @@ import anyio
 import anyio.to_thread
 
 from sidecar import log, metrics
-from sidecar.localfs import UnsafeTarget, has_regular_files, remove_stale_restore_temps, syncfs, write_restored
+from sidecar.localfs import (
+    ChecksumMismatch, UnsafeTarget, has_regular_files, printable, remove_stale_restore_temps, syncfs, unmirrorable_reason, write_restored,
+)
 from sidecar.paths import Root, UnsafeKey, split_key
 from sidecar.plan import RootDecision, decide_restore
 from sidecar.snapshot import BUNDLE_DIR, Change, fetch_bundle
@@ -57,6 +58,10 @@ async def list_store(store: Store, roots: list[Root]) -> Listing:
             split_key(info.key, by_name)
         except UnsafeKey as e:
             out.unsafe.append((info.key, str(e)))
+            continue
+        if not info.key.isascii() and unmirrorable_reason(info.key):
+            # a name no sync would store today (a directory store written by an older version)
+            out.unsafe.append((printable(info.key), unmirrorable_reason(info.key) or "unsupported name"))
             continue
         out.objects[info.key] = info
     return out
@@ -159,33 +164,34 @@ async def restore(
             bundled = overlay.get(info.key)
             for attempt in (1, 2):
                 if bundled is not None:  # verified when the bundle was decoded
-                    data, got = bundled.data, info
-                    break
+                    data, got, expected = bundled.data, info, None
+                else:
+                    try:
+                        data, got = await store.get(info.key)
+                    except NotFound:
+                        log.warning("restore_vanished", path=info.key)
+                        return
+                    expected = got.sha256 or info.sha256
+                    if expected is None:
+                        result.unverified += 1
                 try:
-                    data, got = await store.get(info.key)
-                except NotFound:
-                    log.warning("restore_vanished", path=info.key)
+                    # verified, written and renamed in a worker thread: hashing 100 MiB in the
+                    # event loop would stall the other downloads
+                    await anyio.to_thread.run_sync(write_restored, root, parts, data, got.mtime_ns, got.mode, expected)
+                    break
+                except ChecksumMismatch:
+                    log.warning("restore_checksum_mismatch", path=info.key, attempt=attempt)
+                except UnsafeTarget as e:
+                    log.error("restore_refused_target", path=info.key, reason=str(e))
+                    result.refused.append(info.key)
                     return
-                expected = got.sha256 or info.sha256
-                if expected is None:
-                    result.unverified += 1
-                    break
-                if hashlib.sha256(data).hexdigest() == expected and len(data) == got.size:
-                    break
-                log.warning("restore_checksum_mismatch", path=info.key, attempt=attempt)
+                except OSError as e:
+                    if e.errno == errno.ENOSPC:
+                        raise RestoreError(f"no space left on device while restoring into {root.path} "
+                                           f"({progress.files} of {progress.total_files} files restored; no partial file left)") from None
+                    raise RestoreError(f"cannot write {info.key} into {root.path}: {e.strerror}") from None
             else:
                 raise RestoreError(f"{info.key}: stored bytes do not match their sha256 (corrupt object in {store.description})")
-            try:
-                await anyio.to_thread.run_sync(write_restored, root, parts, data, got.mtime_ns, got.mode)
-            except UnsafeTarget as e:
-                log.error("restore_refused_target", path=info.key, reason=str(e))
-                result.refused.append(info.key)
-                return
-            except OSError as e:
-                if e.errno == errno.ENOSPC:
-                    raise RestoreError(f"no space left on device while restoring into {root.path} "
-                                       f"({progress.files} of {progress.total_files} files restored; no partial file left)") from None
-                raise RestoreError(f"cannot write {info.key} into {root.path}: {e.strerror}") from None
             if info.key.startswith(".checkpoints/") or info.key.endswith(".json"):
                 m = GENERATED_NAME.search(data)
                 if m:

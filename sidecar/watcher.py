@@ -7,12 +7,23 @@ periodic reconcile is what guarantees convergence; this module is what makes it 
 Roots that do not exist yet are polled (cheaply, a ``stat`` each) and the inotify watch is rebuilt
 when one appears, disappears or is replaced; ``on_roots_changed`` is then called so the caller can
 rescan them (files created before the watch existed produce no event).
+
+Queue overflow: when the kernel's inotify queue (``/proc/sys/fs/inotify/max_queued_events`` events
+per watch instance) fills, the kernel drops events and ``watchfiles`` drops the overflow notice
+itself. Worse than the lost events, directories created meanwhile never get a watch of their own,
+so later writes in them produce no event at all until the watch is rebuilt. An overflow can only
+happen while the reader is behind by a whole queue (the process was stopped or starved), and then
+the backlog arrives as one batch of that order: a single batch of at least an eighth of the queue
+(changes are de-duplicated events) rebuilds the watch and rescans the roots, at most once per
+:data:`OVERFLOW_COOLDOWN` seconds (a rescan owed meanwhile runs when it ends). A steady stream of
+writes, however fast, comes in small batches and never triggers it.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+import time
 from typing import Awaitable, Callable
 
 import anyio
@@ -24,6 +35,46 @@ from sidecar import log, metrics
 from sidecar.paths import Root
 
 ROOT_POLL_SECONDS = 0.25
+QUEUE_LIMIT_FILE = "/proc/sys/fs/inotify/max_queued_events"
+OVERFLOW_COOLDOWN = 5.0  # at most one overflow rescan this often
+
+
+def _queue_limit() -> int:
+    try:
+        with open(QUEUE_LIMIT_FILE) as f:
+            return max(1, int(f.read()))
+    except (OSError, ValueError):
+        return 16384  # the kernel's default
+
+
+class _Overflow:
+    """Says when a batch was large enough that the watch may have overflowed before it."""
+
+    def __init__(self) -> None:
+        self.threshold = 2048
+        self.queue = 16384
+        self.count = 0
+        self.last_rescan = float("-inf")
+        self.owed = False
+
+    def armed(self, queue: int) -> None:
+        """A new inotify instance with a queue of ``queue`` events (the limit when it was made)."""
+        self.queue, self.threshold = queue, max(8, queue // 8)
+
+    def note(self, n: int) -> bool:
+        """Count a batch of ``n`` changes; True when a rescan is due now."""
+        if n >= self.threshold:
+            self.owed = True
+            self.count = max(self.count, n)
+        return self.due()
+
+    def due(self) -> bool:
+        return self.owed and time.monotonic() - self.last_rescan >= OVERFLOW_COOLDOWN
+
+    def rescanned(self) -> int:
+        count, self.count, self.owed = self.count, 0, False
+        self.last_rescan = time.monotonic()
+        return count
 
 
 def _identity(path: str) -> tuple[int, int] | None:
@@ -45,6 +96,7 @@ async def watch(
     """Run until cancelled. Signals ``task_status.started()`` once the first watch is in place."""
     started = False
     rescan: list[Root] = []
+    overflow = _Overflow()
     while True:
         ids = {r.path: _identity(r.path) for r in roots}
         present = [r.path for r in roots if ids[r.path] is not None]
@@ -52,6 +104,7 @@ async def watch(
         notify = None
         if present:
             try:
+                overflow.armed(_queue_limit())
                 notify = RustNotify(present, False, False, 300, True, True)
             except (FileNotFoundError, OSError) as e:  # a root vanished between stat and watch
                 log.warning("watch_setup_failed", exc=e)
@@ -66,11 +119,16 @@ async def watch(
             await on_roots_changed(rescan)
             rescan = []
         try:
-            changed = await _watch_once(roots, ids, notify, stop, on_paths, debounce_ms)
+            changed = await _watch_once(roots, ids, notify, stop, on_paths, debounce_ms, overflow)
         except Exception as e:  # the watch broke (a root removed under it, a handler bug): rebuild
-            log.warning("watch_restarted", exc=e)
+            # watchfiles fails the whole watch on a name that is not UTF-8 ("Unable to decode
+            # path"): such names are never mirrored (localfs.unmirrorable_reason); rebuild at once
+            undecodable = "Unable to decode path" in str(e)
+            log.warning("watch_restarted", exc=e, **({"reason": "a file name that is not valid UTF-8 "
+                        "(never mirrored); the watch is rebuilt and the roots rescanned"} if undecodable else {}))
             changed = list(roots)
-            await anyio.sleep(ROOT_POLL_SECONDS)
+            if not undecodable:
+                await anyio.sleep(ROOT_POLL_SECONDS)
         finally:
             stop.set()
             if notify is not None:
@@ -78,9 +136,18 @@ async def watch(
         rescan = changed
 
 
-async def _watch_once(roots, ids, notify, stop, on_paths, debounce_ms) -> list[Root]:
-    """Pump events until a root appears, disappears or is replaced; returns those roots."""
+async def _watch_once(roots, ids, notify, stop, on_paths, debounce_ms, overflow: _Overflow | None = None) -> list[Root]:
+    """Pump events until a root appears, disappears or is replaced, or the queue may have
+    overflowed; returns the roots to rescan once the watch is rebuilt."""
     changed: list[Root] = []
+    overflow = overflow or _Overflow()
+
+    def overflowed() -> None:
+        log.warning("watch_overflow_suspected", changes=overflow.rescanned(), queue=overflow.queue,
+                    detail="a burst that may have overflowed the inotify queue: watch rebuilt, roots rescanned")
+        changed.extend(r for r in roots if ids[r.path] is not None and r not in changed)
+        tg.cancel_scope.cancel()
+
     async with anyio.create_task_group() as tg:
 
         async def poll_roots() -> None:
@@ -93,6 +160,9 @@ async def _watch_once(roots, ids, notify, stop, on_paths, debounce_ms) -> list[R
                     changed.extend(now)
                     tg.cancel_scope.cancel()
                     return
+                if overflow.due():  # owed from a burst during the cooldown
+                    overflowed()
+                    return
 
         async def on_batch(paths: list[str]) -> None:
             # A root itself reported (removed or replaced): its inotify watch is dead even if a new
@@ -102,6 +172,8 @@ async def _watch_once(roots, ids, notify, stop, on_paths, debounce_ms) -> list[R
             if hit:
                 changed.extend(hit)
                 tg.cancel_scope.cancel()
+            elif overflow.note(len(paths)):
+                overflowed()
 
         tg.start_soon(poll_roots)
         if notify is not None:

@@ -31,6 +31,8 @@ import re
 import socket
 import ssl
 from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
+from xml.etree import ElementTree
 from typing import Any, AsyncIterator, Iterable, Mapping
 from urllib.parse import quote, unquote, urlsplit
 
@@ -664,8 +666,40 @@ class AzureBlobStore:
             f"{self._where()}: uploading {key!r} failed: the blob kept changing under concurrent "
             "writers; will retry later", self._creds.secrets))
 
+    async def _get_fast(self, key: str, name: str) -> tuple[bytes, ObjectInfo]:
+        """One Get Blob request through the client's pipeline (auth, retries), headers read
+        directly: a third of the SDK downloader's CPU per blob."""
+        url = f"{self._container_url}/{quote(name, safe='~/')}"
+        request = HttpRequest("GET", url, headers={"x-ms-version": self._api_version})
+        # stream=True keeps the pipeline's content decoder off the (binary) body
+        response = (await self._pipeline.run(request, stream=True)).http_response
+        await response.load_body()
+        status = response.status_code
+        if status != 200:
+            code = response.headers.get("x-ms-error-code")
+            if status == 404 and code != "ContainerNotFound":
+                self._seen.pop(name, None)
+                raise NotFound(key)
+            cls = ResourceNotFoundError if status == 404 else HttpResponseError
+            err = cls(message=f"{status} {code or response.reason}", response=response)
+            err.error_code = code
+            raise err
+        data = response.body()
+        headers = response.headers
+        md = {k[len("x-ms-meta-"):]: v for k, v in headers.items() if k.lower().startswith("x-ms-meta-")}
+        modified = headers.get("Last-Modified")
+        info = self._info(key, len(data), md, headers.get("ETag"),
+                          parsedate_to_datetime(modified) if modified else None)
+        self._seen[name] = info
+        return data, info
+
     async def get(self, key: str) -> tuple[bytes, ObjectInfo]:
         name = self._name(key)
+        if self._pipeline is not None:
+            try:
+                return await self._get_fast(key, name)
+            except AzureError as e:
+                raise self._error(e, f"downloading {key!r}") from None
         try:
             downloader = await self._container.get_blob_client(name).download_blob(
                 max_concurrency=self._max_concurrency
@@ -683,20 +717,58 @@ class AzureBlobStore:
         self._seen[name] = info
         return data, info
 
+    async def _list_fast(self, start: str) -> AsyncIterator[tuple[str, int, dict[str, str], str | None, Any]]:
+        """List Blobs pages parsed with ElementTree: the SDK's generic XML deserializer costs about
+        1 ms of CPU per blob, which dominated restores of a thousand files."""
+        marker = ""
+        while True:
+            query = f"restype=container&comp=list&include=metadata&maxresults=5000"
+            if start:
+                query += f"&prefix={quote(start, safe='')}"
+            if marker:
+                query += f"&marker={quote(marker, safe='')}"
+            request = HttpRequest("GET", f"{self._container_url}?{query}", headers={"x-ms-version": self._api_version})
+            response = (await self._pipeline.run(request, stream=False)).http_response
+            if response.status_code != 200:
+                code = response.headers.get("x-ms-error-code")
+                err = HttpResponseError(message=f"{response.status_code} {code or response.reason}", response=response)
+                err.error_code = code
+                if response.status_code == 404:
+                    raise ResourceNotFoundError(message=err.message, response=response)
+                raise err
+            root = ElementTree.fromstring(response.body())
+            for blob in root.iterfind("Blobs/Blob"):
+                name_el = blob.find("Name")
+                name = name_el.text or ""
+                if name_el.get("Encoded", "").lower() == "true":
+                    name = unquote(name)
+                props = blob.find("Properties")
+                size = int(props.findtext("Content-Length") or 0)
+                etag = props.findtext("Etag")
+                modified = props.findtext("Last-Modified")
+                md_el = blob.find("Metadata")
+                md = {child.tag: child.text or "" for child in md_el} if md_el is not None else {}
+                yield name, size, md, etag, parsedate_to_datetime(modified) if modified else None
+            marker = root.findtext("NextMarker") or ""
+            if not marker:
+                return
+
+    async def _list_sdk(self, start: str) -> AsyncIterator[tuple[str, int, dict[str, str], str | None, Any]]:
+        pages = self._container.list_blobs(name_starts_with=start or None, include=["metadata"], results_per_page=5000)
+        async for props in pages:
+            yield props.name, props.size, props.metadata or {}, props.etag, props.last_modified
+
     async def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:
         start = self._name_prefix + prefix
         cut = len(self._name_prefix)
-        pages = self._container.list_blobs(name_starts_with=start or None, include=["metadata"],
-                                           results_per_page=5000)
+        source = self._list_fast if self._pipeline is not None else self._list_sdk
         try:
-            async for props in pages:
-                name = props.name
+            async for name, size, md, etag, modified in source(start):
                 if not name.startswith(start) or name.endswith("/"):
                     continue  # directory placeholders (hierarchical namespace accounts)
-                md = props.metadata or {}
                 if str(md.get("hdi_isfolder", "")).lower() == "true":
                     continue
-                info = self._info(name[cut:], props.size, md, props.etag, props.last_modified)
+                info = self._info(name[cut:], size, md, etag, modified)
                 self._seen[name] = info
                 yield info
         except AzureError as e:

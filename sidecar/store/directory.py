@@ -4,6 +4,10 @@ Layout under ``<base>/<prefix>/``::
 
     <key>                          the object's bytes, mode and mtime as recorded
     .sidecar-meta/<key>.json       {"size", "sha256", "mtime_ns", "mode", "data_mtime_ns"}
+    .sidecar-meta/<dir>/.sidecar-long-<sha256 of name>.json
+                                   the same, for a name too long to take the ".json" suffix
+                                   (a file name may have 255 bytes; ".sidecar-*" names are never
+                                   mirrored, so this cannot collide with a real key's record)
 
 Each file is written to a temp file, fsynced, renamed over the target, and its directory fsynced.
 Data goes first, metadata second; ``list`` trusts the metadata only while the data file's size and
@@ -14,6 +18,7 @@ an object whose sha256 is unknown (``None``) rather than a wrong one, and reconc
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import secrets
@@ -27,6 +32,23 @@ from sidecar.store.base import NotFound, ObjectInfo, ObjectMeta, StoreError
 
 META_DIR = ".sidecar-meta"
 TMP_PREFIX = ".sidecar-tmp-"
+LONG_META_PREFIX = ".sidecar-long-"
+NAME_MAX = 255  # bytes in one file name (ext4, xfs, tmpfs, NFS, SMB)
+
+
+def _meta_name(name: str) -> str:
+    """The metadata record's file name for a data file called ``name``."""
+    if len(name.encode("utf-8", "surrogateescape")) + len(".json") <= NAME_MAX:
+        return name + ".json"
+    return LONG_META_PREFIX + hashlib.sha256(name.encode("utf-8", "surrogateescape")).hexdigest() + ".json"
+
+
+def _meta_path(top: str, rel: str) -> str:
+    head, _, name = rel.rpartition("/")
+    return os.path.join(top, META_DIR, *([head] if head else []), _meta_name(name))
+
+
+RACE_ATTEMPTS = 10  # makedirs/open retries against concurrent pruning of empty directories
 
 
 def _fsync_dir(path: str) -> None:
@@ -37,16 +59,31 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+def _fsync_nearest_dir(path: str, top: str) -> None:
+    """fsync ``path``, or, when a concurrent delete has pruned it already, its nearest existing
+    ancestor (at most ``top``): the directory entry that changed last lives there."""
+    while True:
+        try:
+            _fsync_dir(path)
+            return
+        except (FileNotFoundError, NotADirectoryError):
+            if path == top or not path.startswith(top):
+                raise
+            path = os.path.dirname(path)
+
+
 def _write_atomic(path: str, data: bytes, mode: int = 0o600, mtime_ns: int | None = None) -> int:
     """Write ``path`` via temp + fsync + rename + dir fsync; returns the file's final mtime_ns."""
     directory = os.path.dirname(path)
-    for attempt in range(3):
-        os.makedirs(directory, exist_ok=True)
+    for attempt in range(RACE_ATTEMPTS):
         tmp = os.path.join(directory, TMP_PREFIX + secrets.token_hex(6))
         try:
+            os.makedirs(directory, exist_ok=True)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        except FileNotFoundError:  # a concurrent delete pruned the empty directory: make it again
-            if attempt == 2:
+        except (FileNotFoundError, FileExistsError):
+            # A concurrent delete pruned the empty directory (or a parent) between makedirs and
+            # open, or between makedirs' mkdir and its own isdir check: make it again.
+            if attempt == RACE_ATTEMPTS - 1:
                 raise
             continue
         try:
@@ -86,7 +123,7 @@ class DirectoryStore:
             raise StoreError(f"refusing unsafe key: {e}") from None
         if parts[0] in (META_DIR,) or any(p.startswith(TMP_PREFIX) for p in parts):
             raise StoreError(f"refusing reserved key {key!r}")
-        return os.path.join(self.top, *parts), os.path.join(self.top, META_DIR, *parts) + ".json"
+        return os.path.join(self.top, *parts), _meta_path(self.top, "/".join(parts))
 
     async def _run(self, fn, *args):
         try:
@@ -193,7 +230,7 @@ class DirectoryStore:
                             st = entry.stat(follow_symlinks=False)
                         except FileNotFoundError:
                             continue
-                        meta_path = os.path.join(self.top, META_DIR, rel) + ".json"
+                        meta_path = _meta_path(self.top, rel)
                         out.append(self._info(rel, entry.path, meta_path, st))
             return out
 
@@ -213,7 +250,7 @@ class DirectoryStore:
                     pass
             if not removed:
                 return
-            _fsync_dir(os.path.dirname(data_path))
+            _fsync_nearest_dir(os.path.dirname(data_path), self.top)
             # Prune directories left empty, up to (not including) the store's top.
             for p in (data_path, meta_path):
                 d = os.path.dirname(p)
