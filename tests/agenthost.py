@@ -154,6 +154,31 @@ def _group_members(pgid: int) -> list[int]:
     return members
 
 
+def _proc_stat(pid: int) -> tuple[str, int, int] | None:
+    """``(state, ppid, pgid)`` of a process, None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2 :].split()
+    return fields[0], int(fields[1]), int(fields[2])
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its live descendants."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (st := _proc_stat(int(entry))) and st[0] != "Z":
+            children.setdefault(st[1], []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        found.append(p)
+        todo.extend(children.get(p, []))
+    return found
+
+
 def wait_for(predicate, timeout: float, what: str, diagnostics=lambda: ""):
     """Poll ``predicate`` until it returns a truthy value (returned) or the deadline passes."""
     deadline = time.monotonic() + timeout
@@ -375,11 +400,25 @@ class AgentHost:
             pass
 
     def kill(self) -> None:
-        """SIGKILL the whole process group (wrapper and host) and reap the top process."""
+        """Wrapper and host die at the same instant, as when the compute goes away.
+
+        The sidecar runs the host in a process group of its own (with ``PR_SET_PDEATHSIG``), so
+        every process group of the tree is frozen (SIGSTOP) first, then SIGKILLed; otherwise the
+        host would get the kernel's SIGTERM and shut down gracefully while the test goes on.
+        """
         if self.proc is None:
             return
-        self._killpg()
+        tree = _tree(self.proc.pid)
+        groups = {st[2] for p in tree if (st := _proc_stat(p))} | {self.pgid}
+        for sig in (signal.SIGSTOP, signal.SIGKILL):
+            for group in groups:
+                try:
+                    os.killpg(group, sig)
+                except ProcessLookupError:
+                    pass
         self.returncode = self.proc.wait(10)
+        wait_for(lambda: all((st := _proc_stat(p)) is None or st[0] == "Z" for p in tree), 5.0,
+                 f"processes {tree} to die")
         wait_for(lambda: not _group_members(self.pgid), 5.0, "the killed process group to disappear")
 
     def close(self) -> None:
