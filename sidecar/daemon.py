@@ -105,8 +105,14 @@ class Daemon:
             await self.reconcile(initial=True)
             await self._drop_stale_bundles()
             tg.start_soon(self._reconcile_loop)
+            tg.start_soon(self._watch_fence)
             self.health.set("ready", "restored and mirroring")
             task_status.started()
+
+    async def _watch_fence(self) -> None:
+        await self.uploader.fenced.wait()
+        fence = self.uploader.fence
+        self.health.set("fenced", fence.fenced if fence and fence.fenced else "fenced by a newer sidecar")
 
     async def _drop_stale_bundles(self) -> None:
         """A bundle left by a cut-short snapshot commit whose root has nothing to commit: the disk
