@@ -60,7 +60,7 @@ class HttpBindError(Exception):
     The message is one line naming the address and what to change."""
 
 
-# -- the checks (shared by the server and documented in docs/operations.md) ----------------------
+# -- the checks (shared by the server and documented in the README) ----------------------
 
 STARTING_PHASES = ("starting", "restoring", "reconciling")
 
