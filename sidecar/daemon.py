@@ -219,11 +219,12 @@ class Daemon:
                 await fence.release()
             except StoreError as e:
                 log.warning("fence_release_failed", error=str(e))
+        totals = self.uploader.totals
         if left:
             log.error("shutdown_pending", pending=len(left), paths=",".join(left[:20]),
-                      seconds=round(time.monotonic() - t0, 3))
+                      seconds=round(time.monotonic() - t0, 3), **totals)
         else:
-            log.info("shutdown_flushed", seconds=round(time.monotonic() - t0, 3))
+            log.info("shutdown_flushed", seconds=round(time.monotonic() - t0, 3), **totals)
         return len(left)
 
 

@@ -65,6 +65,8 @@ class Uploader:
         #: What the store is known to hold (from the last listing and our own writes).
         self.remote: dict[str, ObjectInfo] = {}
         self._dirty_since: dict[str, float] = {}
+        #: for the shutdown summary line
+        self.totals = {"uploaded": 0, "bytes": 0, "deleted": 0}
         self._wake = anyio.Event()
         self._idle = anyio.Event()
         self._idle.set()
@@ -219,7 +221,7 @@ class Uploader:
                 else:
                     await self.store.delete(op.key)
                     self.remote.pop(op.key, None)
-                    metrics.DELETES.inc()
+                    self._count_delete()
                     log.debug("deleted", path=op.key)
                 self.pending.done(op)
                 self._succeeded()
@@ -236,6 +238,16 @@ class Uploader:
                     self.pending.done(op)  # given up for now; the next reconcile tries again
                     return
                 await anyio.sleep(backoff(attempt))
+
+    def _count_upload(self, size: int) -> None:
+        self.totals["uploaded"] += 1
+        self.totals["bytes"] += size
+        metrics.UPLOADS.inc()
+        metrics.UPLOAD_BYTES.inc(size)
+
+    def _count_delete(self) -> None:
+        self.totals["deleted"] += 1
+        metrics.DELETES.inc()
 
     def _succeeded(self) -> None:
         if self.failing_since is not None:
@@ -331,11 +343,10 @@ class Uploader:
             if c.data is None:
                 await self.store.delete(c.key)
                 self.remote.pop(c.key, None)
-                metrics.DELETES.inc()
+                self._count_delete()
             else:
                 self.remote[c.key] = await self.store.put(c.key, c.data, c.meta)
-                metrics.UPLOADS.inc()
-                metrics.UPLOAD_BYTES.inc(len(c.data))
+                self._count_upload(len(c.data))
         if root.name in self.bundle_outstanding:
             await self.store.delete(bundle_key(root.name))
             self.bundle_outstanding.discard(root.name)
@@ -363,8 +374,7 @@ class Uploader:
         if known is None or not known.same_as(meta):
             info = await self.store.put(op.key, data, meta)
             self.remote[op.key] = info
-            metrics.UPLOADS.inc()
-            metrics.UPLOAD_BYTES.inc(len(data))
+            self._count_upload(len(data))
             log.debug("uploaded", path=op.key, bytes=len(data))
         if started is not None:
             metrics.LATENCY.observe(time.monotonic() - started)

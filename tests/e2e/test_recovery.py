@@ -159,6 +159,28 @@ def test_sidecar_restores_after_sigkill_and_compute_recreation(
     assert second.stop(signal.SIGTERM) == 0, second.log_tail()
 
 
+@pytest.mark.azure
+@stream_modes
+@users
+def test_sidecar_restores_from_azure_blob_storage(
+    workdir, issue_python, start_host, sidecar_wrapper, azurite, stream, user
+):
+    """The same recovery with the store in Azure Blob Storage (Azurite, the real async SDK)."""
+    from tests.azurite import unique_container
+
+    wrapper, env = sidecar_wrapper(azurite.container_url(unique_container("e2e")))
+    env = {**env, **azurite.env()}
+    first = start_host(workdir, issue_python, wrapper=wrapper, env=env, ready_timeout=60)
+    response_id, call_id = first.first_request(user=user, stream=stream)
+    assert first.stop(signal.SIGTERM) == 0, first.log_tail()
+
+    recreate_compute(workdir)
+    second = start_host(workdir, issue_python, wrapper=wrapper, env=env, ready_timeout=60)
+    assert paused_checkpoint(workdir / ".checkpoints", response_id, call_id, user) is not None, second.log_tail()
+    assert_approved(second.continue_(response_id, call_id, user=user, stream=stream), second)
+    assert second.stop(signal.SIGTERM) == 0, second.log_tail()
+
+
 # ---------------------------------------------------------------------------------------------
 # latest stack: the same app, state under $AGENTSERVER_STATE_ROOT
 # ---------------------------------------------------------------------------------------------
