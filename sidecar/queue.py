@@ -50,6 +50,10 @@ class PendingSet:
     def __len__(self) -> int:
         return len(self.pending) + len(self.inflight)
 
+    def path_count(self) -> int:
+        """Distinct paths with work owed (a path running and changed again counts once)."""
+        return len(self.pending) + sum(1 for k in self.inflight if k not in self.pending)
+
     def idle(self) -> bool:
         return not self.pending and not self.inflight
 

@@ -71,6 +71,9 @@ class Uploader:
         self._idle = anyio.Event()
         self._idle.set()
         self._warned: set[tuple[str, str]] = set()
+        #: files not mirrored (too large, unreadable) by key, with (size, mtime_ns, ctime_ns) as
+        #: they were then: reconciles leave them alone until they change
+        self.skipped: dict[str, tuple[int, int, int]] = {}
         self.failing_since: float | None = None
 
     # -- producers -------------------------------------------------------------------------
@@ -156,6 +159,24 @@ class Uploader:
         for k in [k for k in self.remote if k.startswith(prefix)] + [k for k in busy if k.startswith(prefix)]:
             self.mark(k, DELETE)
 
+    def _skip(self, key: str, root: Root, parts: list[str], reason: str, detail: str) -> None:
+        """Count and log a file that is not mirrored, once per version of it."""
+        try:
+            st = os.lstat(os.path.join(root.path, *parts))
+            sig: tuple[int, int, int] | None = (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        except OSError:
+            sig = None
+        if sig is not None and self.skipped.get(key) == sig:
+            return  # the same file as last time: counted and logged already
+        if sig is not None:
+            self.skipped[key] = sig
+        metrics.SKIPPED.labels(reason).inc()
+        self._warn_once("file_too_large" if reason == "too_large" else "file_unreadable", f"{key} ({detail})")
+
+    def still_skipped(self, key: str, st) -> bool:
+        """True when ``key`` was skipped and its file has not changed since (``st``: a LocalStat)."""
+        return self.skipped.get(key) == (st.size, st.mtime_ns, st.ctime_ns)
+
     def _warn_once(self, event: str, what: str) -> None:
         if (event, what) not in self._warned:
             self._warned.add((event, what))
@@ -172,7 +193,7 @@ class Uploader:
         return set().union(*(ps.keys() for ps in self._sets()))
 
     def pending_count(self) -> int:
-        return sum(len(ps) for ps in self._sets())
+        return sum(ps.path_count() for ps in self._sets())
 
     async def wait_idle(self) -> None:
         while not self.idle():
@@ -363,13 +384,12 @@ class Uploader:
                 self.mark(op.key, DELETE)
             return
         except TooLarge as e:
-            metrics.SKIPPED.labels("too_large").inc()
-            self._warn_once("file_too_large", f"{op.key} ({e})")
+            self._skip(op.key, root, parts, "too_large", str(e))
             return
         except OSError as e:
-            metrics.SKIPPED.labels("unreadable").inc()
-            self._warn_once("file_unreadable", f"{op.key} ({e.strerror})")
+            self._skip(op.key, root, parts, "unreadable", e.strerror or type(e).__name__)
             return
+        self.skipped.pop(op.key, None)
         known = self.remote.get(op.key)
         if known is None or not known.same_as(meta):
             info = await self.store.put(op.key, data, meta)

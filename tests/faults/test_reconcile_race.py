@@ -1,0 +1,51 @@
+"""A periodic reconcile racing live writes (found by the soak: Azure runs logged
+``reconcile_found_changes`` with deletes for files that were on disk).
+
+The local rescan walks the disk in a worker thread while uploads go on. A file created after the
+walk passed its directory, and stored before the walk ends, is in what the store is known to hold
+but not in the scan: the reconcile must not queue a delete for it (the store would lose a live
+checkpoint until a later reconcile put it back). Deterministic: the scan is wrapped so that exactly
+this happens while it runs.
+"""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+import sidecar.daemon as daemon_mod
+from support import write_atomic
+from sidecar.config import load
+from sidecar.daemon import Daemon
+from sidecar.queue import DELETE
+from sidecar.store import make_store
+from sidecar.store.base import ObjectInfo, ObjectMeta
+
+pytestmark = pytest.mark.faults
+
+
+def test_a_file_stored_while_the_scan_runs_is_not_deleted(tmp_path, monkeypatch):
+    work = tmp_path / "work"
+    cps = work / ".checkpoints"
+    write_atomic(cps / "ctx" / "old.json", b"old")
+    settings, roots = load({"store": str(tmp_path / "store"), "roots": str(cps)}, cwd=str(work))
+    daemon = Daemon(settings, roots, make_store(settings.store))
+    old = ".checkpoints/ctx/old.json"
+    new = ".checkpoints/ctx/new.json"
+    st = (cps / "ctx" / "old.json").stat()
+    daemon.uploader.remote[old] = ObjectInfo(old, 3, ObjectMeta.of(b"old", st.st_mtime_ns, 0).sha256,
+                                             st.st_mtime_ns, st.st_mode & 0o7777)
+    real_scan = daemon_mod.scan_root
+
+    def scan_racing_a_write(root, ignore):
+        files, links = real_scan(root, ignore)  # the walk has passed ctx/ ...
+        write_atomic(cps / "ctx" / "new.json", b"new")  # ... the host writes a checkpoint there ...
+        nst = (cps / "ctx" / "new.json").stat()
+        daemon.uploader.remote[new] = ObjectInfo(new, 3, ObjectMeta.of(b"new", nst.st_mtime_ns, 0).sha256,
+                                                 nst.st_mtime_ns, nst.st_mode & 0o7777)  # ... and it is stored
+        return files, links
+
+    monkeypatch.setattr(daemon_mod, "scan_root", scan_racing_a_write)
+    anyio.run(daemon.reconcile)
+    queued = daemon.uploader.pending.pending
+    assert not (new in queued and queued[new].kind == DELETE), "a delete was queued for a file that is on disk"

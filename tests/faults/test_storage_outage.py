@@ -1,0 +1,139 @@
+"""Storage outage: Azurite stopped for a while (20 s by default) while the host keeps writing.
+
+Checked: the backlog drains once the store is back and the store ends byte-exact with the disk;
+memory stays bounded (pending work is coalesced per path: ``checkpoint_sidecar_pending_paths``
+never exceeds the number of distinct paths written; RSS stays modest); the degraded period shows in
+``/metrics`` (``store_degraded`` 1, failures and retries counted) and in the ``/readyz`` body, while
+``/readyz`` itself stays 200 (see docs/RELIABILITY.md for why).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+
+import pytest
+
+from support import disk_tree, wait_for, write_atomic
+from tests.azurite import Azurite, AzuriteUnavailable, find_azurite_command
+from tests.faults.faultkit import (
+    Background, events, http_get, metrics, new_target, start_with_http, wait_converged_azure,
+)
+
+pytestmark = [pytest.mark.faults, pytest.mark.azure]
+
+OUTAGE_SECONDS = float(os.environ.get("OUTAGE_SECONDS", "20"))
+RSS_LIMIT = 300 * 1024 * 1024  # the sidecar idles at ~80-100 MiB (Python, aiohttp, the Azure SDK)
+RSS_GROWTH_LIMIT = 64 * 1024 * 1024
+CONCURRENCY = 16  # the default --concurrency
+
+
+def sample(base: str) -> dict:
+    m = metrics(base)
+    status, body = http_get(base, "/readyz")
+    return {
+        "pending": m.get("checkpoint_sidecar_pending_paths", 0),
+        "degraded": m.get("checkpoint_sidecar_store_degraded", 0),
+        "rss": m.get("checkpoint_sidecar_process_resident_memory_bytes", 0),
+        "ready_status": status,
+        "ready_body": body.strip(),
+    }
+
+
+def test_outage_backlog_drains_nothing_lost_memory_bounded(tmp_path):
+    try:
+        find_azurite_command()
+    except AzuriteUnavailable as e:
+        pytest.skip(str(e))
+    server = Azurite(str(tmp_path / "azurite")).start()
+    target = new_target(server.url, "outage")
+    work = tmp_path / "work"
+    cps = work / ".checkpoints"
+    cps.mkdir(parents=True)
+    rng = random.Random(20261130)
+    paths = [cps / f"user{u}" / f"ctx{c}" / f"{i:02}.json" for u in range(3) for c in range(4) for i in range(25)]
+    written: set = set()
+    sc = None
+    try:
+        sc, base = start_with_http(work, "--store", target.store_url, "--roots", str(cps), env=target.env())
+        for p in paths[:100]:
+            write_atomic(p, rng.randbytes(rng.randint(0, 4000)))
+            written.add(p)
+        wait_converged_azure(target, cps, 60, "the first 100 files mirrored")
+        before = metrics(base)
+
+        samples: list[dict] = []
+        halt = threading.Event()
+
+        def monitor() -> None:
+            samples.append(sample(base))
+            halt.wait(0.2)  # sampling pace, not a synchronisation
+
+        mon = Background(monitor, halt)
+        mon.start()
+        lock = threading.Lock()
+
+        def writer() -> None:  # keeps writing through the outage: rewrites and deletes on 300 paths
+            p = rng.choice(paths)
+            with lock:
+                if p.exists() and rng.random() < 0.15:
+                    p.unlink()
+                else:
+                    write_atomic(p, rng.randbytes(rng.randint(0, 4000)))
+                    written.add(p)
+            halt.wait(0.003)
+
+        server.stop()
+        down_at = time.monotonic()
+        w = Background(writer)
+        w.start()
+        # The outage lasts OUTAGE_SECONDS, and at least until the sidecar has reported it.
+        wait_for(lambda: time.monotonic() - down_at >= OUTAGE_SECONDS and
+                 any(s["degraded"] == 1 for s in samples), OUTAGE_SECONDS + 60,
+                 "the outage to last its time and show as checkpoint_sidecar_store_degraded=1", interval=0.1)
+        during = metrics(base)
+        server.start()
+        up_at = time.monotonic()
+        w.stop()  # writes stop shortly after the store is back; the backlog must drain
+        writes_done_at = time.monotonic()
+        wait_converged_azure(target, cps, 120, "the backlog to drain after the outage")
+        drained_at = time.monotonic()
+        wait_for(lambda: sample(base)["degraded"] == 0, 30, "store_degraded back to 0")
+        mon.stop()
+        after = metrics(base)
+        final = sample(base)
+
+        # nothing lost, nothing stale: byte-exact (wait_converged_azure compared every blob)
+        assert target.tree(".checkpoints") == disk_tree(cps)
+        # memory bounded: pending coalesced per path, RSS modest. The gauge counts queue entries: a
+        # path being uploaded that changed again counts twice (running + waiting), so it can pass
+        # the distinct paths by up to --concurrency; see test_pending_gauge_counts_distinct_paths.
+        max_pending = max(s["pending"] for s in samples)
+        assert max_pending <= len(written), (max_pending, len(written))
+        assert max_pending > 0
+        max_rss = max(s["rss"] for s in samples)
+        assert max_rss < RSS_LIMIT, max_rss
+        assert max_rss - before["checkpoint_sidecar_process_resident_memory_bytes"] < RSS_GROWTH_LIMIT
+        # the degraded period is visible: metrics, log, and the /readyz body (still 200)
+        degraded = [s for s in samples if s["degraded"] == 1]
+        assert degraded and all(s["ready_status"] == 200 for s in samples)
+        assert any("store degraded for" in s["ready_body"] for s in degraded), degraded[-1]
+        assert final["ready_status"] == 200 and "degraded" not in final["ready_body"]
+        fails = lambda m: sum(v for k, v in m.items() if k.startswith("checkpoint_sidecar_failures_total"))  # noqa: E731
+        assert fails(during) > fails(before) and fails(after) >= fails(during)
+        assert during["checkpoint_sidecar_retries_total"] > before.get("checkpoint_sidecar_retries_total", 0)
+        assert during.get("checkpoint_sidecar_failures_total{kind=transient}", 0) > 0
+        assert after["checkpoint_sidecar_pending_paths"] == 0
+        assert events(sc, "store_retry") and events(sc, "store_recovered")
+        print(f"\noutage {up_at - down_at:.1f}s, {len(written)} distinct paths, max pending {max_pending:.0f}, "
+              f"RSS {before['checkpoint_sidecar_process_resident_memory_bytes'] / 2**20:.0f} -> "
+              f"max {max_rss / 2**20:.0f} MiB, backlog drained {drained_at - writes_done_at:.1f}s after the "
+              f"last write ({drained_at - up_at:.1f}s after the store came back)")
+        assert sc.stop() == 0, sc.log()[-3000:]
+        sc = None
+    finally:
+        if sc is not None:
+            sc.kill()
+        server.stop()
