@@ -94,6 +94,7 @@ class Daemon:
         if self.listing is None:  # restore was skipped entirely (e.g. unreachable store, optional)
             self.listing = Listing()
         self.uploader.remote = dict(self.listing.objects)
+        self.uploader.note_dirs(self.listing.objects)
         self.uploader.bundle_outstanding |= self.listing.bundles & set(self.uploader.snapshots)
         self.health.set("reconciling", "reconciling disk and store")
         async with anyio.create_task_group() as tg:
@@ -158,6 +159,7 @@ class Daemon:
                 if k.split("/", 1)[0] in names and k not in busy:
                     self.uploader.remote.pop(k)
             self.uploader.remote.update({k: v for k, v in known.items() if k not in busy})
+            self.uploader.note_dirs(known)
         self.uploader.mark_keys(upload, delete)
         # files changed in the last moments may simply have events still on their way: queued, but
         # not counted as missed events (that metric is for alerting on real event loss)

@@ -65,6 +65,8 @@ class Uploader:
         #: What the store is known to hold (from the last listing and our own writes).
         self.remote: dict[str, ObjectInfo] = {}
         self._dirty_since: dict[str, float] = {}
+        #: every directory that held a known key (never pruned: a stale entry costs one scan)
+        self.known_dirs: set[str] = set()
         #: for the shutdown summary line
         self.totals = {"uploaded": 0, "bytes": 0, "deleted": 0}
         self._wake = anyio.Event()
@@ -93,6 +95,8 @@ class Uploader:
     def mark(self, key: str, kind: str) -> None:
         if kind == UPLOAD:
             self._dirty_since.setdefault(key, time.monotonic())
+            if key.rpartition("/")[0] not in self.known_dirs:
+                self.note_dirs((key,))
         self._set_for(key).mark(key, kind)  # type: ignore[arg-type]
 
     def mark_keys(self, upload: list[str] = (), delete: list[str] = ()) -> None:  # type: ignore[assignment]
@@ -126,6 +130,8 @@ class Uploader:
             return
         if not rel:
             return  # the root itself: handled by the watcher's root tracking
+        if self.ignore.ignored(rel):
+            return  # a writer's temp file, present or already renamed away
         try:
             key = make_key(root, rel)
         except UnsafeKey:
@@ -139,8 +145,7 @@ class Uploader:
         except OSError:
             return
         if stat.S_ISREG(st.st_mode):
-            if not self.ignore.ignored(rel):
-                self.mark(key, UPLOAD)
+            self.mark(key, UPLOAD)
         elif stat.S_ISDIR(st.st_mode):
             # a directory moved in brings files that produce no events of their own
             files, _ = scan_root(Root(key, path), self.ignore)  # keys come out as key/...
@@ -151,13 +156,27 @@ class Uploader:
                 self._warn_once("symlink_skipped", key)
             self._mark_gone(key)
 
+    def _is_pending(self, key: str) -> bool:
+        return any(key in ps.pending or key in ps.inflight for ps in self._sets())
+
+    def note_dirs(self, keys) -> None:
+        """Remember the directories of ``keys`` (so a vanished directory is recognised cheaply)."""
+        dirs = self.known_dirs
+        for key in keys:
+            d = key.rpartition("/")[0]
+            while d and d not in dirs:
+                dirs.add(d)
+                d = d.rpartition("/")[0]
+
     def _mark_gone(self, key: str) -> None:
-        busy = self.pending_keys()
-        if key in self.remote or key in busy:
+        if key in self.remote or self._is_pending(key):
             self.mark(key, DELETE)
-        prefix = key + "/"  # a directory deleted or moved away
-        for k in [k for k in self.remote if k.startswith(prefix)] + [k for k in busy if k.startswith(prefix)]:
-            self.mark(k, DELETE)
+        elif key in self.known_dirs:  # a directory deleted or moved away: everything below it
+            prefix = key + "/"
+            for k in [k for k in self.remote if k.startswith(prefix)] + [
+                k for k in self.pending_keys() if k.startswith(prefix)
+            ]:
+                self.mark(k, DELETE)
 
     def _skip(self, key: str, root: Root, parts: list[str], reason: str, detail: str) -> None:
         """Count and log a file that is not mirrored, once per version of it."""

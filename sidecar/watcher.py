@@ -34,7 +34,7 @@ from watchfiles._rust_notify import RustNotify  # the engine behind watchfiles.a
 from sidecar import log, metrics
 from sidecar.paths import Root
 
-ROOT_POLL_SECONDS = 0.25
+ROOT_POLL_SECONDS = 0.5
 QUEUE_LIMIT_FILE = "/proc/sys/fs/inotify/max_queued_events"
 OVERFLOW_COOLDOWN = 5.0  # at most one overflow rescan this often
 
@@ -90,7 +90,7 @@ async def watch(
     on_paths: Callable[[list[str]], Awaitable[None]],
     on_roots_changed: Callable[[list[Root]], Awaitable[None]],
     *,
-    debounce_ms: int = 10,
+    debounce_ms: int = 20,
     task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run until cancelled. Signals ``task_status.started()`` once the first watch is in place."""
@@ -181,13 +181,29 @@ async def _watch_once(roots, ids, notify, stop, on_paths, debounce_ms, overflow:
     return changed
 
 
-async def _pump(notify: RustNotify, stop: threading.Event, on_paths, debounce_ms: int) -> None:
-    step = max(1, min(2, debounce_ms))  # quiet time that ends a batch; debounce caps it
+#: polling step while writes are coming (ms): the added latency of a write in a busy period
+ACTIVE_STEP_MS = 2
+#: how long a period stays busy after its last event (s)
+ACTIVE_SECONDS = 3.0
+
+
+async def _pump(notify: RustNotify, stop: threading.Event, on_paths, idle_step_ms: int) -> None:
+    """Hand event batches over as soon as they arrive.
+
+    watchfiles' engine checks for events every ``step`` ms, taking the GIL each time: 2 ms costs
+    about 1.5 % of a core while nothing happens, 20 ms about 0.3 %. So the step is ``idle_step_ms``
+    (SIDECAR_DEBOUNCE_MS) while idle and 2 ms for a few seconds after any event: the first write
+    after a quiet spell waits half the idle step on average, the writes of a busy turn 1 ms.
+    ``debounce=0`` returns a batch at the first check that sees one (coalescing happens later).
+    """
+    active_until = 0.0
     while True:
-        raw = await anyio.to_thread.run_sync(notify.watch, debounce_ms, step, 1000, stop, abandon_on_cancel=True)
+        step = ACTIVE_STEP_MS if time.monotonic() < active_until else max(ACTIVE_STEP_MS, idle_step_ms)
+        raw = await anyio.to_thread.run_sync(notify.watch, 0, step, 5000, stop, abandon_on_cancel=True)
         if raw in ("timeout", "signal"):
             continue
         if raw == "stop":
             return
+        active_until = time.monotonic() + ACTIVE_SECONDS
         metrics.WATCH_EVENTS.inc(len(raw))
         await on_paths([path for _change, path in raw])
