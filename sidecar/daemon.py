@@ -93,9 +93,10 @@ class Daemon:
         first reconcile is planned (readiness)."""
         if self.listing is None:  # restore was skipped entirely (e.g. unreachable store, optional)
             self.listing = Listing()
-        self.uploader.remote = dict(self.listing.objects)
+        self.uploader.remote = self.listing.objects  # handed over, not copied
         self.uploader.note_dirs(self.listing.objects)
         self.uploader.bundle_outstanding |= self.listing.bundles & set(self.uploader.snapshots)
+        self.listing = None
         self.health.set("reconciling", "reconciling disk and store")
         async with anyio.create_task_group() as tg:
             await tg.start(self.uploader.run)

@@ -29,6 +29,7 @@ class SpawnError(Exception):
 
 def _child_setup(parent_pid: int) -> None:
     # Runs in the child between fork and exec: only async-signal-safe work, prepared beforehand.
+    os.setpgid(0, 0)  # a process group of its own (uvloop has no process_group= argument)
     if _prctl is not None:
         _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
         if os.getppid() != parent_pid:  # the parent died before prctl took effect
@@ -53,7 +54,6 @@ class Child:
                 *argv,
                 stdin=None, stdout=None, stderr=None,  # inherited
                 env=env,
-                process_group=0,
                 preexec_fn=lambda: _child_setup(parent),
             )
         except FileNotFoundError:
