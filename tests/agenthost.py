@@ -25,6 +25,8 @@ from typing import Any
 
 import httpx
 
+from support import wait_for as _wait_for
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 STACKS_DIR = REPO_ROOT / "tests" / "agent_stacks"
 APPROVAL_APP = REPO_ROOT / "examples" / "approval_agent" / "app.py"
@@ -181,14 +183,7 @@ def _tree(pid: int) -> list[int]:
 
 def wait_for(predicate, timeout: float, what: str, diagnostics=lambda: ""):
     """Poll ``predicate`` until it returns a truthy value (returned) or the deadline passes."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout:.1f}s waiting for {what}{diagnostics()}")
-        time.sleep(POLL)
+    return _wait_for(predicate, timeout, what, diagnostics, interval=POLL)
 
 
 # ---------------------------------------------------------------------------------------------

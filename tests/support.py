@@ -14,16 +14,30 @@ from typing import Callable
 REPO = Path(__file__).resolve().parent.parent
 
 
-def wait_for(cond: Callable[[], object], timeout: float = 10.0, what: str = "condition", interval: float = 0.01):
-    """Poll ``cond`` until it returns something truthy; fail with ``what`` after ``timeout`` s."""
+def wait_for(cond: Callable[[], object], timeout: float = 10.0, what: str = "condition",
+             diagnostics: Callable[[], str] = lambda: "", interval: float = 0.01):
+    """Poll ``cond`` until it returns something truthy (returned); after ``timeout`` s fail with
+    ``what`` and whatever ``diagnostics()`` adds."""
     deadline = time.monotonic() + timeout
     while True:
         value = cond()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}{diagnostics()}")
         time.sleep(interval)
+
+
+def metric_values(text: str) -> dict[str, float]:
+    """Every sample of a Prometheus exposition (labels folded into the name), after a strict parse."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
+            out[s.name + (f"{{{labels}}}" if labels else "")] = s.value
+    return out
 
 
 def disk_tree(root: Path) -> dict[str, bytes]:

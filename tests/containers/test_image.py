@@ -10,6 +10,8 @@ import time
 
 import pytest
 
+from support import wait_for as _wait_for
+
 from .conftest import BASE_IMAGE, SIZES, run
 
 pytestmark = pytest.mark.containers
@@ -19,14 +21,7 @@ POLL = 0.2
 
 
 def wait_for(cond, timeout: float, what: str, diagnostics=lambda: ""):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}\n{diagnostics()}")
-        time.sleep(POLL)
+    return _wait_for(cond, timeout, what, lambda: "\n" + diagnostics(), interval=POLL)
 
 
 def events(log: str) -> list[dict]:

@@ -14,9 +14,8 @@ from pathlib import Path
 
 import anyio
 from azure.storage.blob.aio import BlobServiceClient
-from prometheus_client.parser import text_string_to_metric_families
 
-from support import Sidecar, disk_tree, sidecar_env, wait_for, write_atomic
+from support import Sidecar, disk_tree, metric_values, sidecar_env, wait_for, write_atomic
 from tests.azurite import AzuriteEndpoint, connection_string, unique_container
 
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -138,12 +137,7 @@ def http_get(base: str, path: str, timeout: float = 5.0) -> tuple[int, str]:
 def metrics(base: str) -> dict[str, float]:
     """Every sample of /metrics, labels folded into the name: ``name{k=v}``."""
     _status, text = http_get(base, "/metrics")
-    out = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
-            out[s.name + (f"{{{labels}}}" if labels else "")] = s.value
-    return out
+    return metric_values(text)
 
 
 def events(sc: Sidecar, name: str) -> list[dict]:

@@ -15,7 +15,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from support import REPO, Sidecar, run_cli, sidecar_env, store_tree, wait_for, write_atomic
+from support import REPO, Sidecar, metric_values, run_cli, sidecar_env, store_tree, wait_for, write_atomic
 from sidecar import http as sidecar_http
 from sidecar.config import load
 from sidecar.store.base import ObjectMeta
@@ -51,16 +51,6 @@ def raw(base: str, request: bytes, timeout: float = 5) -> bytes:
         out = b""
         while chunk := s.recv(65536):
             out += chunk
-    return out
-
-
-def metric_values(text: str) -> dict[str, float]:
-    """Every sample of the exposition (labels folded into the name), after a strict parse."""
-    out = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()))
-            out[s.name + (f"{{{labels}}}" if labels else "")] = s.value
     return out
 
 
