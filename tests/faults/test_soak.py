@@ -23,7 +23,7 @@ from tests.faults.faultkit import Background, Workload, metrics, new_target, sta
 
 pytestmark = pytest.mark.faults
 
-SOAK_SECONDS = float(os.environ.get("SOAK_SECONDS", "30"))
+SOAK_SECONDS = float(os.environ.get("SOAK_SECONDS", "90"))
 SOAK_SEED = int(os.environ.get("SOAK_SEED", "8"))
 
 
