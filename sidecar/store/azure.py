@@ -722,7 +722,7 @@ class AzureBlobStore:
         1 ms of CPU per blob, which dominated restores of a thousand files."""
         marker = ""
         while True:
-            query = f"restype=container&comp=list&include=metadata&maxresults=5000"
+            query = "restype=container&comp=list&include=metadata&maxresults=5000"
             if start:
                 query += f"&prefix={quote(start, safe='')}"
             if marker:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import shutil
 import signal
-import sys
 import time
 from pathlib import Path
 

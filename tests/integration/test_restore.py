@@ -9,7 +9,7 @@ import stat
 import anyio
 import pytest
 
-from support import disk_tree, run_cli, store_tree, write_atomic
+from support import disk_tree, run_cli, write_atomic
 from sidecar.paths import Root
 from sidecar.restorer import Listing, list_store, restore
 from sidecar.store.base import NotFound, ObjectInfo, ObjectMeta

@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
-import time
 
-from support import Sidecar, run_cli, sidecar_cmd, sidecar_env, store_tree, wait_for, write_atomic
+from support import Sidecar, run_cli, store_tree, wait_for
 
 
 def test_child_exit_code_is_passed_through(work):

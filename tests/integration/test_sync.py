@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import random
 import shutil
-import signal
 
 from support import Sidecar, disk_tree, run_cli, store_tree, wait_for, write_atomic
 
