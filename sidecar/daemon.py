@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from functools import partial
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import anyio
 import anyio.to_thread
@@ -43,7 +43,6 @@ class Health:
     restore: RestoreResult | None = None
     workers_alive: bool = False
     watcher_alive: bool = False
-    started_at: float = field(default_factory=time.time)
 
     @property
     def ready(self) -> bool:
@@ -70,10 +69,9 @@ class Daemon:
         self.protected: set[str] = set()
 
     # -- phase 1: restore --------------------------------------------------------------------
-    async def prepare(self, restore_mode: str | None = None, claim: bool = True) -> RestoreResult | None:
+    async def prepare(self, claim: bool = True) -> RestoreResult | None:
         """Open the store, claim it (fencing off an older writer), list it once and restore by the
         rule. Raises StoreError/RestoreError/Fenced."""
-        mode = restore_mode or self.settings.restore
         self.health.set("restoring", "restoring state from the store")
         deadline = time.monotonic() + STARTUP_RETRY_SECONDS
         await retry_transient(self.store.open, "open", deadline)
@@ -82,7 +80,7 @@ class Daemon:
             await retry_transient(fence.claim, "claim", deadline)
             self.uploader.fence = fence
         self.listing = await retry_transient(lambda: list_store(self.store, self.roots), "list", deadline)
-        result = await restore(self.store, self.roots, self.listing, mode=mode,
+        result = await restore(self.store, self.roots, self.listing, mode=self.settings.restore,
                                concurrency=self.settings.concurrency)
         self.health.restore = result
         return result

@@ -82,5 +82,6 @@ class Status:
 def plan_status(local: dict[str, LocalStat], remote: dict[str, ObjectInfo]) -> Status:
     plan = plan_reconcile(local, remote)
     s = Status(pending_upload=plan.upload, missing_locally=plan.delete)
-    s.in_sync = sorted(k for k in local if k not in set(plan.upload))
+    pending = set(plan.upload)
+    s.in_sync = sorted(k for k in local if k not in pending)
     return s

@@ -76,7 +76,6 @@ class RestoreResult:
     refused: list[str] = field(default_factory=list)
     unverified: int = 0
     generated_names: set[str] = field(default_factory=set)
-    bundles: set[str] = field(default_factory=set)  # roots with an outstanding snapshot bundle
 
     def restored_roots(self) -> set[str]:
         return {d.name for d in self.decisions if d.restore}
@@ -135,7 +134,6 @@ async def restore(
         changes = await fetch_bundle(store, root.name) if root.name in listing.bundles else None
         if changes is not None:
             # a snapshot commit was cut short: its bundle holds the newer consistent state
-            result.bundles.add(root.name)
             log.info("restore_bundle", root=root.path, changes=len(changes))
             stored = {i.key: i for i in per_root[root.name]}
             for c in changes:
