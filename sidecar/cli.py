@@ -272,7 +272,9 @@ async def _run(settings: Settings, roots: list[Root], cmd: list[str], shutdown: 
             if code is not None:  # restore failed: the command never starts
                 tg.cancel_scope.cancel()
                 return code
-            await tg.start(daemon.serve)
+            # The child starts as soon as its state is in place; the watcher and the first
+            # reconcile come up beside it (that scan, made once the watch is in place, queues
+            # anything the child wrote in between), so they add nothing to its start-up time.
             try:
                 child = await Child.spawn(cmd)
             except SpawnError as e:
@@ -281,6 +283,7 @@ async def _run(settings: Settings, roots: list[Root], cmd: list[str], shutdown: 
                 return e.exit_code
             log.info("child_started", pid=child.pid, cmd=cmd[0])
             tg.start_soon(handle_signals, shutdown, child.send)
+            await tg.start(daemon.serve)
             rc = await child.wait()
             log.info("child_exited", code=rc)
             with anyio.CancelScope(shield=True):

@@ -28,7 +28,6 @@ from sidecar.snapshot import bundle_key
 from sidecar.restorer import Listing, RestoreResult, list_store, restore
 from sidecar.store.base import Store, StoreError, TransientStoreError
 from sidecar.uploader import Uploader, backoff
-from sidecar.watcher import watch
 
 #: How long start-up keeps retrying a store that answers with transient errors before giving up.
 STARTUP_RETRY_SECONDS = 10.0
@@ -96,6 +95,8 @@ class Daemon:
         self.uploader.bundle_outstanding |= self.listing.bundles & set(self.uploader.snapshots)
         self.listing = None
         self.health.set("reconciling", "reconciling disk and store")
+        from sidecar.watcher import watch  # imported here: ``run`` starts its child before this
+
         async with anyio.create_task_group() as tg:
             await tg.start(self.uploader.run)
             self.health.workers_alive = True

@@ -114,10 +114,7 @@ async def serve(settings: "Settings", daemon: "Daemon", *,
         listener = await anyio.create_tcp_listener(local_host=_bind_host(host), local_port=port)
     except (OSError, OverflowError) as e:
         raise HttpBindError(_bind_message(settings.http_addr, e)) from None
-    from sidecar import metrics  # here, not at the top: ``probe`` starts faster without prometheus
-
     server = _Server(daemon.health, partial(_degraded_seconds, daemon))
-    metrics.READY.set_function(lambda: 1.0 if daemon.health.ready else 0.0)
     async with listener, anyio.create_task_group() as tg:
         addrs = [_fmt_addr(sub.extra(SocketAttribute.local_address)) for sub in listener.listeners]
         log.info("http_listening", addr=",".join(addrs), endpoints="/livez,/readyz,/metrics")
@@ -244,9 +241,11 @@ class _Server:
     def metrics(self) -> tuple[int, bytes | str, str]:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-        from sidecar.metrics import REGISTRY
+        from sidecar import metrics  # built on first use: ``run`` starts its child sooner
 
-        return 200, generate_latest(REGISTRY), CONTENT_TYPE_LATEST
+        health = self.health
+        metrics.READY.set(1.0 if health.ready else 0.0)
+        return 200, generate_latest(metrics.REGISTRY), CONTENT_TYPE_LATEST
 
 
 _ROUTES = {"/livez": _Server.livez, "/readyz": _Server.readyz, "/metrics": _Server.metrics}

@@ -195,8 +195,7 @@ async def restore(
                 if m:
                     result.generated_names.add(m.group(0).decode())
             progress.add(len(data))
-            metrics.RESTORED_FILES.inc()
-            metrics.RESTORED_BYTES.inc(len(data))
+            metrics.restored(len(data))
 
     try:
         async with anyio.create_task_group() as tg:
@@ -213,7 +212,7 @@ async def restore(
 
     result.files, result.bytes = progress.files, progress.bytes
     result.seconds = time.monotonic() - t0
-    metrics.RESTORE_SECONDS.set(result.seconds)
+    metrics.restore_finished(result.seconds)
     if result.generated_names:
         log.warning(
             "unresumable_checkpoints",

@@ -26,32 +26,15 @@ import hashlib
 import ipaddress
 import logging
 import os
-import random
 import re
-import socket
-import ssl
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
-from xml.etree import ElementTree
-from typing import Any, AsyncIterator, Iterable, Mapping
+from typing import Any, AsyncIterator, Callable, Iterable, Mapping
 from urllib.parse import quote, unquote, urlsplit
-
-from azure.core.credentials import AzureNamedKeyCredential, AzureSasCredential
-from azure.core.exceptions import (
-    AzureError,
-    ClientAuthenticationError,
-    HttpResponseError,
-    ResourceExistsError,
-    ResourceModifiedError,
-    ResourceNotFoundError,
-    ServiceRequestError,
-    ServiceResponseError,
-)
-from azure.core.rest import HttpRequest
-from azure.storage.blob import ContentSettings
-from azure.storage.blob.aio import BlobServiceClient, ExponentialRetry
+from xml.etree import ElementTree
 
 from sidecar.paths import MAX_KEY_BYTES, UnsafeKey, validate_relpath
+from sidecar.store import blobapi
 from sidecar.store.base import NotFound, ObjectInfo, ObjectMeta, StoreError, TransientStoreError
 
 log = logging.getLogger(__name__)
@@ -72,7 +55,6 @@ _CONTAINER_RE = re.compile(r"^(?=.{3,63}$)[a-z0-9](?:-?[a-z0-9])*$")
 _HOST_STYLE_RE = re.compile(r"^(?P<account>[a-z0-9]{3,24})\.(?:privatelink\.)?blob\.", re.IGNORECASE)
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 
-TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 
 # ---------------------------------------------------------------------------------------------
 # Redaction
@@ -257,14 +239,18 @@ def _connection_string_fields(conn: str) -> dict[str, str]:
     return fields
 
 
+#: The emulator's documented development account, for ``UseDevelopmentStorage=true``.
+_DEV_ACCOUNT = "devstoreaccount1"
+_DEV_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+
+
 @dataclass
 class _Credentials:
     source: str  # "connection string" | "account key" | "SAS token" | "DefaultAzureCredential"
     secrets: tuple[str, ...]
-    credential: Any = None  # for account_url clients; None with a connection string
-    connection_string: str | None = None
-    owned: Any = None  # a credential object we created and must close
-    client_id: str | None = None  # user-assigned managed identity, for DefaultAzureCredential
+    auth: Any  # a blobapi authorisation: SharedKey, SasToken or BearerToken
+    endpoint: str | None = None  # scheme://host[:port][/account] from a connection string
+    account: str | None = None
 
     def hint(self, account: str) -> str:
         return {
@@ -275,26 +261,66 @@ class _Credentials:
         }[self.source]
 
 
-def _pick_credentials(env: Mapping[str, str], account: str, url_sas: str | None) -> _Credentials:
+def _from_connection_string(conn: str) -> _Credentials:
+    f = _connection_string_fields(conn)
+    secrets = tuple(s for s in (conn, f.get("accountkey"), f.get("sharedaccesssignature")) if s)
+    bad = "AZURE_STORAGE_CONNECTION_STRING is not a usable storage connection string"
+    if f.get("usedevelopmentstorage", "").lower() == "true":
+        f.setdefault("accountname", _DEV_ACCOUNT)
+        f.setdefault("accountkey", _DEV_KEY)
+        f.setdefault("blobendpoint", f"http://127.0.0.1:10000/{_DEV_ACCOUNT}")
+    account = f.get("accountname")
+    endpoint = f.get("blobendpoint", "").rstrip("/")
+    if not endpoint and account:
+        scheme = f.get("defaultendpointsprotocol", "https").lower()
+        endpoint = f"{scheme}://{account}.blob.{f.get('endpointsuffix', 'core.windows.net')}"
+    if not endpoint:
+        raise ValueError(f"{bad}: it names neither BlobEndpoint nor AccountName")
+    parts = urlsplit(endpoint)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{bad}: BlobEndpoint must be an http(s) URL")
+    if not account:
+        m = _HOST_STYLE_RE.match(parts.hostname)
+        account = m.group("account") if m else (parts.path.strip("/").split("/")[0] or None)
+    if not account:
+        raise ValueError(f"{bad}: it has no AccountName")
+    if f.get("accountkey"):
+        auth: Any = blobapi.SharedKey(account, f["accountkey"])
+    elif f.get("sharedaccesssignature"):
+        auth = blobapi.SasToken(f["sharedaccesssignature"])
+    else:
+        raise ValueError(f"{bad}: it has neither AccountKey nor SharedAccessSignature")
+    return _Credentials("connection string", secrets, auth, endpoint=endpoint, account=account)
+
+
+def _pick_credentials(env: Mapping[str, str], account: str, url_sas: str | None, scheme: str) -> _Credentials:
     conn = env.get("AZURE_STORAGE_CONNECTION_STRING", "").strip()
     if conn:
-        f = _connection_string_fields(conn)
-        secrets = tuple(s for s in (conn, f.get("accountkey"), f.get("sharedaccesssignature")) if s)
-        return _Credentials("connection string", secrets, connection_string=conn)
+        try:
+            return _from_connection_string(conn)
+        except ValueError as e:
+            raise ValueError(redact(str(e), [conn])) from None
     key = env.get("AZURE_STORAGE_KEY", "").strip()
     if key:
-        return _Credentials("account key", (key,), credential=AzureNamedKeyCredential(account, key))
+        try:
+            return _Credentials("account key", (key,), blobapi.SharedKey(account, key))
+        except ValueError:
+            raise ValueError("AZURE_STORAGE_KEY is not an account key (base64)") from None
     sas = env.get("AZURE_STORAGE_SAS_TOKEN", "").strip().lstrip("?") or (url_sas or "").lstrip("?")
     if sas:
         if "sig=" not in sas:
             raise ValueError("AZURE_STORAGE_SAS_TOKEN does not look like a SAS token (it has no sig=)")
         secrets = tuple(s for s in (sas, *re.findall(r"sig=([^&]+)", sas)) if s)
-        return _Credentials("SAS token", secrets, credential=AzureSasCredential(sas))
+        return _Credentials("SAS token", secrets, blobapi.SasToken(sas))
+    if scheme != "https":
+        raise ValueError("an Azure AD token (DefaultAzureCredential) is only sent over https; use an "
+                         "https store URL, or AZURE_STORAGE_CONNECTION_STRING / AZURE_STORAGE_KEY for an emulator")
+    # Only this path imports azure-identity (and, with it, azure-core and aiohttp).
     from azure.identity.aio import DefaultAzureCredential
 
     client_id = env.get("AZURE_CLIENT_ID") or None
     cred = DefaultAzureCredential(**({"managed_identity_client_id": client_id} if client_id else {}))
-    return _Credentials("DefaultAzureCredential", (), credential=cred, owned=cred, client_id=client_id)
+    return _Credentials("DefaultAzureCredential", (), blobapi.BearerToken(cred))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -302,54 +328,17 @@ def _pick_credentials(env: Mapping[str, str], account: str, url_sas: str | None)
 # ---------------------------------------------------------------------------------------------
 
 
-def _code(e: BaseException) -> str | None:
-    """The storage error code (``BlobNotFound``...) of an SDK exception, as a plain string."""
-    code = getattr(e, "error_code", None)
-    code = getattr(code, "value", code)
-    return str(code) if code else None
-
-
-def _cause_chain(e: BaseException) -> Iterable[BaseException]:
-    seen: set[int] = set()
-    todo: list[BaseException | None] = [e]
-    while todo:
-        x = todo.pop()
-        if x is None or id(x) in seen:
-            continue
-        seen.add(id(x))
-        yield x
-        todo.extend([getattr(x, "inner_exception", None), x.__cause__, x.__context__])
-
-
 class _Conflict(Exception):
     """A conditional write found the blob changed (412) or present (409 BlobAlreadyExists)."""
 
 
-class _JitteredExponentialRetry(ExponentialRetry):
-    """The SDK's storage retry policy (what it retries: connection errors, timeouts, 408, 429, 5xx)
-    with a plain exponential schedule: ``base * 2**(n-1)`` seconds, jittered by +-50 %, capped at
-    30 s. With the defaults (0.5 s, 4 retries) a request gives up after about 7.5 s.
-    """
-
-    def __init__(self, base: float, retry_total: int) -> None:
-        super().__init__(initial_backoff=0, increment_base=2, retry_total=retry_total, random_jitter_range=0)
-        self.base = base
-
-    def get_backoff_time(self, settings: dict[str, Any]) -> float:
-        backoff = min(self.base * 2 ** max(settings["count"] - 1, 0), 30.0)
-        return random.uniform(backoff * 0.5, backoff * 1.5)
-
-
-class _LazyBlobClient:
-    """A BlobClient made only when the slow paths (block upload, conflict read) need one."""
-
-    def __init__(self, container: Any, name: str) -> None:
-        self._container, self._name, self._client = container, name, None
-
-    def __getattr__(self, attr: str) -> Any:
-        if self._client is None:
-            self._client = self._container.get_blob_client(self._name)
-        return getattr(self._client, attr)
+def _http_date(value: str | None) -> Any:
+    if not value:
+        return None
+    try:
+        return parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
 
 
 class AzureBlobStore:
@@ -360,58 +349,35 @@ class AzureBlobStore:
         location: BlobLocation,
         credentials: _Credentials,
         *,
-        max_single_put_size: int = 8 * 1024 * 1024,
-        max_block_size: int = 4 * 1024 * 1024,
-        max_concurrency: int = 4,
+        max_concurrency: int = 32,
         retry_total: int = 4,
         retry_backoff: float = 0.5,
         connection_timeout: float = 10,
         read_timeout: float = 60,
-        **client_options: Any,
+        request_hook: Callable[[str, str], None] | None = None,
     ) -> None:
         self.location = location
         self.container_name = location.container
         self.prefix = location.prefix
         self._creds = credentials
         self.credential_source = credentials.source
-        self._max_single_put_size = max_single_put_size
-        self._max_concurrency = max_concurrency
         self._retry_total = retry_total
-        options: dict[str, Any] = dict(
-            retry_policy=_JitteredExponentialRetry(retry_backoff, retry_total=retry_total),
-            max_single_put_size=max_single_put_size,
-            max_block_size=max_block_size,
-            connection_timeout=connection_timeout,
-            read_timeout=read_timeout,
-        )
-        options.update(client_options)  # e.g. raw_request_hook, transport (tests, tuning)
-        try:
-            if credentials.connection_string is not None:
-                self._service = BlobServiceClient.from_connection_string(credentials.connection_string, **options)
-            else:
-                self._service = BlobServiceClient(location.endpoint, credential=credentials.credential, **options)
-        except ValueError as e:
-            raise ValueError(
-                f"cannot use the Azure storage {credentials.source}: "
-                f"{redact(_one_line(e), credentials.secrets)}"
-            ) from None
-        fields = _connection_string_fields(credentials.connection_string or "")
-        self.account = fields.get("accountname") or self._service.account_name or location.account
-        endpoint = urlsplit(self._service.url)
-        endpoint_url = f"{endpoint.scheme}://{endpoint.netloc}{endpoint.path}".rstrip("/")
+        if credentials.endpoint:  # a connection string's endpoint replaces the URL's
+            endpoint_url = credentials.endpoint
+        else:
+            endpoint_url = location.endpoint
+        parts = urlsplit(endpoint_url)
+        self.account = credentials.account or location.account
         self.endpoint = redact(endpoint_url, credentials.secrets)
         self.description = redact(
-            "/".join(p for p in (endpoint_url, location.container, location.prefix) if p),
-            credentials.secrets,
+            "/".join(p for p in (endpoint_url, location.container, location.prefix) if p), credentials.secrets
         )
-        self._container = self._service.get_container_client(location.container)
-        # Single-shot puts go straight through the container client's pipeline (signing,
-        # retries, hooks and transport all the SDK's own): making a BlobClient per key costs more
-        # client CPU than the rest of put together. Falls back to BlobClient.upload_blob if a
-        # future SDK drops the attribute.
-        self._pipeline = getattr(self._container, "_pipeline", None)
-        self._container_url = self._container.url.split("?", 1)[0].rstrip("/")
-        self._api_version = self._container.api_version
+        self._api = blobapi.BlobApi(
+            f"{parts.scheme}://{parts.netloc}", parts.path, credentials.auth, max_connections=max_concurrency,
+            retry_total=retry_total, retry_backoff=retry_backoff, connection_timeout=connection_timeout,
+            read_timeout=read_timeout, hook=request_hook,
+        )
+        self._container_path = self._api.path(location.container)
         self._name_prefix = f"{location.prefix}/" if location.prefix else ""
         # What this store last saw of each blob (from list, get, put or a conflict read): the
         # ETag to make the next put conditional on, and the version stamp (mtime_ns) behind it.
@@ -425,10 +391,9 @@ class AzureBlobStore:
     ) -> "AzureBlobStore":
         """A store for ``SIDECAR_STORE=url`` and ``SIDECAR_PREFIX=prefix`` (not yet opened).
 
-        ``env`` (default ``os.environ``) supplies the credentials; ``options`` tune transfer and
-        retries (``max_single_put_size``, ``max_block_size``, ``max_concurrency``,
-        ``retry_total``, ``retry_backoff``, ``connection_timeout``, ``read_timeout``; anything
-        else goes to the SDK client, e.g. ``raw_request_hook``).
+        ``env`` (default ``os.environ``) supplies the credentials; ``options`` tune the client
+        (``max_concurrency`` connections, ``retry_total``, ``retry_backoff``,
+        ``connection_timeout``, ``read_timeout``, ``request_hook``).
         Raises ValueError, without any secret in the message, for a bad URL or credential.
         """
         env = os.environ if env is None else env
@@ -439,7 +404,7 @@ class AzureBlobStore:
         except ValueError as e:
             # The URL may carry a SAS token; never echo it.
             raise ValueError(redact(str(e), [urlsplit(url).query] if "?" in url else [])) from None
-        return cls(location, _pick_credentials(env, location.account, location.sas), **options)
+        return cls(location, _pick_credentials(env, location.account, location.sas, location.scheme), **options)
 
     # -- helpers -------------------------------------------------------------------------------
     def __repr__(self) -> str:
@@ -472,27 +437,27 @@ class AzureBlobStore:
         return f"Azure Blob store (account {self.account!r}, container {self.container_name!r})"
 
     def _error(self, e: BaseException, doing: str) -> StoreError:
-        """One clear, secret-free line for an SDK failure; transient when retrying can help."""
+        """One clear, secret-free line for a failed request; transient when retrying can help."""
         where = self._where()
         creds = self._creds
-        status = getattr(e, "status_code", None)
-        code = str(_code(e) or "") or None
-        tag = " ".join(str(x) for x in (status, code) if x)
-        detail = f" ({tag})" if tag else ""
-        sdk_line = _one_line(getattr(e, "message", None) or str(e), 160)
 
         def done(cls: type[StoreError], text: str) -> StoreError:
             return cls(redact(_one_line(f"{where}: {doing} failed: {text}", 600), creds.secrets))
 
-        if isinstance(e, ClientAuthenticationError) and status is None:
-            # The credential itself could not get a token (no identity here, or a bad one).
+        if isinstance(e, blobapi.CredentialFailure):
             return done(
                 StoreError,
-                f"no usable Azure credential via {creds.source} ({sdk_line}); set "
+                f"no usable Azure credential via {creds.source} ({_one_line(e, 160)}); set "
                 "AZURE_STORAGE_CONNECTION_STRING, AZURE_STORAGE_KEY or AZURE_STORAGE_SAS_TOKEN, "
                 "or give the pod a managed/workload identity (AZURE_CLIENT_ID for a user-assigned one)",
             )
-        if status in (401, 403) or isinstance(e, ClientAuthenticationError):
+        if isinstance(e, blobapi.ConnectionFailure):
+            return self._connection_error(e, done)
+        if not isinstance(e, blobapi.HttpError):
+            return done(StoreError, _one_line(f"{type(e).__name__}: {e}", 160))
+        status, code = e.status, e.code
+        detail = f" ({' '.join(str(x) for x in (status, code) if x)})"
+        if status in (401, 403):
             if code in ("AuthorizationPermissionMismatch", "AuthorizationResourceTypeMismatch",
                         "AuthorizationServiceMismatch"):
                 if creds.source == "DefaultAzureCredential":
@@ -514,45 +479,39 @@ class AzureBlobStore:
             return done(StoreError, f"authentication failed{detail}; {creds.hint(self.account)}")
         if status == 404 and code == "ContainerNotFound":
             return done(StoreError, f"the container does not exist{detail}; was it deleted? the sidecar creates it on start")
-        if status in TRANSIENT_STATUS or (status == 409 and code == "ContainerBeingDeleted"):
+        if status in blobapi.TRANSIENT_STATUS or (status == 409 and code == "ContainerBeingDeleted"):
             kind = "throttled" if status in (429, 503) else "service error"
             return done(TransientStoreError, f"{kind}{detail} after {self._retry_total} retries; will retry later")
         if code in ("Md5Mismatch", "Crc64Mismatch"):
             return done(TransientStoreError, f"the data was corrupted in transit{detail}; will retry")
-        if isinstance(e, ResourceModifiedError):
+        if status == 412:
             return done(TransientStoreError, f"the blob changed while it was read{detail}; will retry")
-        if isinstance(e, (ServiceRequestError, ServiceResponseError)) or status is None:
-            return self._connection_error(e, done)
-        return done(StoreError, f"{sdk_line}{detail}")
+        return done(StoreError, f"unexpected answer{detail}")
 
-    def _connection_error(self, e: BaseException, done) -> StoreError:
+    def _connection_error(self, e: blobapi.ConnectionFailure, done) -> StoreError:
         endpoint = self.endpoint
-        chain = list(_cause_chain(e))
-        if any(isinstance(x, (ssl.SSLError, ssl.CertificateError)) or "SSL" in type(x).__name__
-               or "Certificate" in type(x).__name__ for x in chain):
+        if e.kind == "tls":
             return done(StoreError, f"TLS failure talking to {endpoint}; check the URL scheme and host, "
                                     "the CA bundle (SSL_CERT_FILE) and any TLS-intercepting proxy")
-        dns = any(isinstance(x, socket.gaierror) or type(x).__name__ == "ClientConnectorDNSError" for x in chain)
-        refused = any(isinstance(x, ConnectionRefusedError) for x in chain)
-        timeout = any(isinstance(x, TimeoutError) or "Timeout" in type(x).__name__ for x in chain)
-        what = ("cannot resolve the host" if dns else "connection refused" if refused
-                else "timed out" if timeout else "connection failed")
-        if not self._opened and (dns or refused):
+        what = {"dns": "cannot resolve the host", "refused": "connection refused",
+                "timeout": "timed out"}.get(e.kind, "connection failed")
+        if not self._opened and e.kind in ("dns", "refused"):
             # Never reached the service at all: a wrong account name, endpoint or port.
             check = ("check the account name in SIDECAR_STORE (or the connection string's endpoint) "
-                     "and DNS / private-endpoint resolution") if dns else \
+                     "and DNS / private-endpoint resolution") if e.kind == "dns" else \
                     "check the endpoint host and port are right and the service is running and reachable"
             return done(StoreError, f"{what} for {endpoint}; {check}")
         return done(TransientStoreError, f"{what} for {endpoint} after {self._retry_total} retries; "
                                          "check network reachability (firewall, proxy); will retry later")
 
+    def _blob_path(self, name: str) -> str:
+        return f"{self._container_path}/{quote(name, safe='~/')}"
+
     async def _put_blob(self, name: str, data: bytes, md5: bytes, metadata: dict[str, str],
                         etag: str | None) -> str | None:
         """One Put Blob request, conditional on ``etag`` (or on absence); returns the new ETag."""
         headers = {
-            "x-ms-version": self._api_version,
             "x-ms-blob-type": "BlockBlob",
-            "Content-Length": str(len(data)),
             "Content-Type": "application/octet-stream",
             "Content-MD5": base64.b64encode(md5).decode(),
         }
@@ -562,38 +521,38 @@ class AzureBlobStore:
             headers["If-Match"] = etag
         else:
             headers["If-None-Match"] = "*"
-        url = f"{self._container_url}/{quote(name, safe='~/')}"
-        request = HttpRequest("PUT", url, headers=headers, content=data)
-        response = (await self._pipeline.run(request, stream=False)).http_response
-        status = response.status_code
-        if status == 201:
-            return response.headers.get("ETag")
-        code = response.headers.get("x-ms-error-code")
-        if status == 412 or (status == 409 and code == "BlobAlreadyExists"):
-            raise _Conflict()
-        err = HttpResponseError(message=f"{status} {code or response.reason}", response=response)
-        err.error_code = code
-        raise err
+        try:
+            response = await self._api.request("PUT", self._blob_path(name), headers=headers, body=data, expect=(201,))
+        except blobapi.HttpError as e:
+            if e.status == 412 or (e.status == 409 and e.code == "BlobAlreadyExists"):
+                raise _Conflict() from None
+            raise
+        return response.headers.get("etag")
+
+    async def _list_page(self, start: str, marker: str) -> tuple[bytes, str]:
+        query = [("restype", "container"), ("comp", "list"), ("include", "metadata"), ("maxresults", "5000")]
+        if start:
+            query.append(("prefix", start))
+        if marker:
+            query.append(("marker", marker))
+        response = await self._api.request("GET", self._container_path, query)
+        return response.body, marker
 
     # -- interface -----------------------------------------------------------------------------
     async def open(self) -> None:
         """Check the credentials and the container (one list request); create it when missing."""
+        query = [("restype", "container"), ("comp", "list"), ("maxresults", "1")]
+        if self._name_prefix:
+            query.append(("prefix", self._name_prefix))
         try:
             try:
-                async for _ in self._container.list_blobs(name_starts_with=self._name_prefix or None,
-                                                          results_per_page=1):
-                    break
-            except ResourceNotFoundError as e:
-                if _code(e) != "ContainerNotFound":
+                await self._api.request("GET", self._container_path, query)
+            except blobapi.HttpError as e:
+                if (e.status, e.code) != (404, "ContainerNotFound"):
                     raise
-                try:
-                    await self._container.create_container()
-                    log.info("created container %s", self.container_name)
-                except ResourceExistsError:
-                    pass  # another sidecar made it meanwhile
-                except AzureError as e2:
-                    raise self._error(e2, "creating the missing container") from None
-        except AzureError as e:
+                await self._api.request("PUT", self._container_path, [("restype", "container")], expect=(201, 409))
+                log.info("created container %s", self.container_name)
+        except (blobapi.HttpError, blobapi.ConnectionFailure, blobapi.CredentialFailure) as e:
             raise self._error(e, "opening the store") from None
         self._opened = True
 
@@ -611,177 +570,110 @@ class AzureBlobStore:
         """
         name = self._name(key)
         metadata = {META_SHA256: meta.sha256, META_MTIME: str(meta.mtime_ns), META_MODE: format(meta.mode & 0o7777, "o")}
-        blob = _LazyBlobClient(self._container, name)
         seen = self._seen.get(name)
         if seen is not None and seen.sha256 is not None and seen.mtime_ns > meta.mtime_ns:
             return seen  # known newer already: a stale upload, superseded without a request
         etag = seen.etag if seen is not None else None
-        single = len(data) <= self._max_single_put_size
         md5 = hashlib.md5(data).digest()  # once; the service checks it and keeps it as Content-MD5
-        for _ in range(MAX_CONFLICT_ROUNDS):
-            cond = {"if_match": etag} if etag else {"if_none_match": "*"}
-            try:
-                if single and self._pipeline is not None:
+        try:
+            for _ in range(MAX_CONFLICT_ROUNDS):
+                try:
                     new_etag = await self._put_blob(name, data, md5, metadata, etag)
+                except _Conflict:
+                    pass  # 412 / 409 BlobAlreadyExists: someone else wrote it
                 else:
-                    # Blocks carry their own Content-MD5 (checked per block); the whole-blob MD5
-                    # is recorded on commit. Block IDs are random, so concurrent uploaders of the
-                    # same blob never mix blocks; the commit is the conditional step.
-                    resp = await blob.upload_blob(
-                        data, length=len(data), overwrite=True, metadata=metadata,
-                        validate_content=True, max_concurrency=self._max_concurrency,
-                        content_settings=ContentSettings(content_md5=md5), **cond,
-                    )
-                    new_etag = resp.get("etag")
-            except (_Conflict, ResourceModifiedError, ResourceExistsError):
-                pass  # 412 / 409 BlobAlreadyExists: someone else wrote it
-            except HttpResponseError as e:
-                if _code(e) != "InvalidBlockList":
-                    raise self._error(e, f"uploading {key!r}") from None
-                # Another writer committed while we staged, discarding our blocks.
-            except AzureError as e:
-                raise self._error(e, f"uploading {key!r}") from None
-            else:
-                info = ObjectInfo(key, meta.size, meta.sha256, meta.mtime_ns, meta.mode & 0o7777, _quoted_etag(new_etag))
-                self._seen[name] = info
-                return info
-            # Conflict: read what is there now, once, and decide.
-            try:
-                props = await blob.get_blob_properties()
-            except ResourceNotFoundError as e:
-                if _code(e) == "ContainerNotFound":
-                    raise self._error(e, f"uploading {key!r}") from None
-                self._seen.pop(name, None)
-                etag = None  # deleted meanwhile: write it if still absent
-                continue
-            except AzureError as e:
-                raise self._error(e, f"uploading {key!r}") from None
-            current = self._info(key, props.size, props.metadata, props.etag, props.last_modified)
-            self._seen[name] = current
-            if current.sha256 is not None and current.mtime_ns > meta.mtime_ns:
-                log.debug("upload of %r superseded by a newer version in the store", key)
-                return current
-            etag = current.etag
+                    info = ObjectInfo(key, meta.size, meta.sha256, meta.mtime_ns, meta.mode & 0o7777, _quoted_etag(new_etag))
+                    self._seen[name] = info
+                    return info
+                # Conflict: read what is there now, once, and decide.
+                try:
+                    props = await self._api.request("HEAD", self._blob_path(name))
+                except blobapi.HttpError as e:
+                    if e.status != 404:
+                        raise
+                    self._seen.pop(name, None)
+                    etag = None  # deleted meanwhile: write it if still absent
+                    continue
+                h = props.headers
+                current = self._info(key, int(h.get("content-length") or 0), props.metadata(), h.get("etag"),
+                                     _http_date(h.get("last-modified")))
+                self._seen[name] = current
+                if current.sha256 is not None and current.mtime_ns > meta.mtime_ns:
+                    log.debug("upload of %r superseded by a newer version in the store", key)
+                    return current
+                etag = current.etag
+        except (blobapi.HttpError, blobapi.ConnectionFailure, blobapi.CredentialFailure) as e:
+            raise self._error(e, f"uploading {key!r}") from None
         raise TransientStoreError(redact(
             f"{self._where()}: uploading {key!r} failed: the blob kept changing under concurrent "
             "writers; will retry later", self._creds.secrets))
 
-    async def _get_fast(self, key: str, name: str) -> tuple[bytes, ObjectInfo]:
-        """One Get Blob request through the client's pipeline (auth, retries), headers read
-        directly: a third of the SDK downloader's CPU per blob."""
-        url = f"{self._container_url}/{quote(name, safe='~/')}"
-        request = HttpRequest("GET", url, headers={"x-ms-version": self._api_version})
-        # stream=True keeps the pipeline's content decoder off the (binary) body
-        response = (await self._pipeline.run(request, stream=True)).http_response
-        await response.load_body()
-        status = response.status_code
-        if status != 200:
-            code = response.headers.get("x-ms-error-code")
-            if status == 404 and code != "ContainerNotFound":
-                self._seen.pop(name, None)
-                raise NotFound(key)
-            cls = ResourceNotFoundError if status == 404 else HttpResponseError
-            err = cls(message=f"{status} {code or response.reason}", response=response)
-            err.error_code = code
-            raise err
-        data = response.body()
-        headers = response.headers
-        md = {k[len("x-ms-meta-"):]: v for k, v in headers.items() if k.lower().startswith("x-ms-meta-")}
-        modified = headers.get("Last-Modified")
-        info = self._info(key, len(data), md, headers.get("ETag"),
-                          parsedate_to_datetime(modified) if modified else None)
-        self._seen[name] = info
-        return data, info
-
     async def get(self, key: str) -> tuple[bytes, ObjectInfo]:
         name = self._name(key)
-        if self._pipeline is not None:
-            try:
-                return await self._get_fast(key, name)
-            except AzureError as e:
-                raise self._error(e, f"downloading {key!r}") from None
         try:
-            downloader = await self._container.get_blob_client(name).download_blob(
-                max_concurrency=self._max_concurrency
-            )
-            data = await downloader.readall()
-        except ResourceNotFoundError as e:
-            if _code(e) == "ContainerNotFound":
-                raise self._error(e, f"downloading {key!r}") from None
-            self._seen.pop(name, None)
-            raise NotFound(key) from None
-        except AzureError as e:
+            response = await self._api.request("GET", self._blob_path(name))
+        except blobapi.HttpError as e:
+            if e.status == 404 and e.code != "ContainerNotFound":
+                self._seen.pop(name, None)
+                raise NotFound(key) from None
             raise self._error(e, f"downloading {key!r}") from None
-        props = downloader.properties
-        info = self._info(key, len(data), props.metadata, props.etag, props.last_modified)
+        except (blobapi.ConnectionFailure, blobapi.CredentialFailure) as e:
+            raise self._error(e, f"downloading {key!r}") from None
+        data = response.body
+        h = response.headers
+        length = h.get("content-length")
+        if length is not None and length.isdigit() and int(length) != len(data):
+            raise TransientStoreError(redact(f"{self._where()}: downloading {key!r} failed: the answer was cut "
+                                             "short; will retry", self._creds.secrets))
+        info = self._info(key, len(data), response.metadata(), h.get("etag"), _http_date(h.get("last-modified")))
         self._seen[name] = info
         return data, info
-
-    async def _list_fast(self, start: str) -> AsyncIterator[tuple[str, int, dict[str, str], str | None, Any]]:
-        """List Blobs pages parsed with ElementTree: the SDK's generic XML deserializer costs about
-        1 ms of CPU per blob, which dominated restores of a thousand files."""
-        marker = ""
-        while True:
-            query = "restype=container&comp=list&include=metadata&maxresults=5000"
-            if start:
-                query += f"&prefix={quote(start, safe='')}"
-            if marker:
-                query += f"&marker={quote(marker, safe='')}"
-            request = HttpRequest("GET", f"{self._container_url}?{query}", headers={"x-ms-version": self._api_version})
-            response = (await self._pipeline.run(request, stream=False)).http_response
-            if response.status_code != 200:
-                code = response.headers.get("x-ms-error-code")
-                err = HttpResponseError(message=f"{response.status_code} {code or response.reason}", response=response)
-                err.error_code = code
-                if response.status_code == 404:
-                    raise ResourceNotFoundError(message=err.message, response=response)
-                raise err
-            root = ElementTree.fromstring(response.body())
-            for blob in root.iterfind("Blobs/Blob"):
-                name_el = blob.find("Name")
-                name = name_el.text or ""
-                if name_el.get("Encoded", "").lower() == "true":
-                    name = unquote(name)
-                props = blob.find("Properties")
-                size = int(props.findtext("Content-Length") or 0)
-                etag = props.findtext("Etag")
-                modified = props.findtext("Last-Modified")
-                md_el = blob.find("Metadata")
-                md = {child.tag: child.text or "" for child in md_el} if md_el is not None else {}
-                yield name, size, md, etag, parsedate_to_datetime(modified) if modified else None
-            marker = root.findtext("NextMarker") or ""
-            if not marker:
-                return
-
-    async def _list_sdk(self, start: str) -> AsyncIterator[tuple[str, int, dict[str, str], str | None, Any]]:
-        pages = self._container.list_blobs(name_starts_with=start or None, include=["metadata"], results_per_page=5000)
-        async for props in pages:
-            yield props.name, props.size, props.metadata or {}, props.etag, props.last_modified
 
     async def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:
         start = self._name_prefix + prefix
         cut = len(self._name_prefix)
-        source = self._list_fast if self._pipeline is not None else self._list_sdk
-        try:
-            async for name, size, md, etag, modified in source(start):
+        marker = ""
+        while True:
+            try:
+                body, _ = await self._list_page(start, marker)
+            except (blobapi.HttpError, blobapi.ConnectionFailure, blobapi.CredentialFailure) as e:
+                raise self._error(e, f"listing {prefix!r}") from None
+            try:
+                root = ElementTree.fromstring(body)
+            except ElementTree.ParseError:
+                raise TransientStoreError(f"{self._where()}: listing {prefix!r} failed: the answer was not "
+                                          "a blob list; will retry") from None
+            for blob in root.iterfind("Blobs/Blob"):
+                name_el = blob.find("Name")
+                name = (name_el.text if name_el is not None else None) or ""
+                if name_el is not None and name_el.get("Encoded", "").lower() == "true":
+                    name = unquote(name)
                 if not name.startswith(start) or name.endswith("/"):
                     continue  # directory placeholders (hierarchical namespace accounts)
+                props = blob.find("Properties")
+                md_el = blob.find("Metadata")
+                md = {child.tag: child.text or "" for child in md_el} if md_el is not None else {}
                 if str(md.get("hdi_isfolder", "")).lower() == "true":
                     continue
-                info = self._info(name[cut:], size, md, etag, modified)
+                size = int(props.findtext("Content-Length") or 0) if props is not None else 0
+                etag = props.findtext("Etag") if props is not None else None
+                modified = props.findtext("Last-Modified") if props is not None else None
+                info = self._info(name[cut:], size, md, etag, _http_date(modified))
                 self._seen[name] = info
                 yield info
-        except AzureError as e:
-            raise self._error(e, f"listing {prefix!r}") from None
+            marker = root.findtext("NextMarker") or ""
+            if not marker:
+                return
 
     async def delete(self, key: str) -> None:
         name = self._name(key)
         try:
-            await self._container.delete_blob(name, delete_snapshots="include")
-        except ResourceNotFoundError as e:
-            if _code(e) == "ContainerNotFound":
+            await self._api.request("DELETE", self._blob_path(name), headers={"x-ms-delete-snapshots": "include"},
+                                    expect=(202,))
+        except blobapi.HttpError as e:
+            if e.status != 404 or e.code == "ContainerNotFound":
                 raise self._error(e, f"deleting {key!r}") from None
-        except AzureError as e:
+        except (blobapi.ConnectionFailure, blobapi.CredentialFailure) as e:
             raise self._error(e, f"deleting {key!r}") from None
         self._seen.pop(name, None)
 
@@ -789,11 +681,7 @@ class AzureBlobStore:
         if self._closed:
             return
         self._closed = True
-        try:
-            await self._service.close()
-        finally:
-            if self._creds.owned is not None:
-                await self._creds.owned.close()
+        await self._api.aclose()
 
     async def __aenter__(self) -> "AzureBlobStore":
         await self.open()
