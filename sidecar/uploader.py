@@ -20,7 +20,7 @@ import anyio.to_thread
 from anyio.abc import TaskStatus
 
 from sidecar import log, metrics
-from sidecar.localfs import TooLarge, Unstable, Vanished, below_root_without_links, read_stable, scan_root
+from sidecar.localfs import release_free_memory, TooLarge, Unstable, Vanished, below_root_without_links, read_stable, scan_root
 from sidecar.paths import IgnoreRules, Root, UnsafeKey, locate, make_key, split_key
 from sidecar.queue import DELETE, UPLOAD, Op, PendingSet
 from sidecar.fence import Fence, Fenced
@@ -29,6 +29,8 @@ from sidecar.store.base import ObjectInfo, ObjectMeta, Store, StoreError, Transi
 
 BACKOFF_START = 0.1
 BACKOFF_MAX = 30.0
+#: Store operations after which going idle also hands freed heap memory back to the system.
+TRIM_AFTER_OPS = 256
 
 
 def backoff(attempt: int) -> float:
@@ -76,6 +78,7 @@ class Uploader:
         #: files not mirrored (too large, unreadable) by key, with (size, mtime_ns, ctime_ns) as
         #: they were then: reconciles leave them alone until they change
         self.skipped: dict[str, tuple[int, int, int]] = {}
+        self._ops_since_trim = 0
         self.failing_since: float | None = None
 
     # -- producers -------------------------------------------------------------------------
@@ -294,8 +297,14 @@ class Uploader:
             log.info("store_recovered", seconds=round(time.monotonic() - self.failing_since, 1))
             self.failing_since = None
             metrics.DEGRADED.set(0)
+        self._ops_since_trim += 1
         if self.idle():
             metrics.LAST_SYNC.set(time.time())
+            if self._ops_since_trim >= TRIM_AFTER_OPS:
+                # A burst (the first reconcile, a restore of many files) leaves freed heap pages
+                # behind; give them back now that the work is done.
+                self._ops_since_trim = 0
+                release_free_memory()
 
     async def _store_failed(self, e: StoreError, attempt: int, **fields) -> None:
         """Count, log and back off; the caller then tries again (forever: nothing is dropped)."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import AsyncIterator, Protocol, runtime_checkable
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ObjectMeta:
     """What the sidecar records about a file besides its bytes."""
 
@@ -28,7 +28,7 @@ class ObjectMeta:
         return cls(len(data), hashlib.sha256(data).hexdigest(), mtime_ns, mode & 0o7777)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ObjectInfo:
     """An object as the store holds it. ``sha256`` is None when the store cannot vouch for it."""
 
