@@ -74,13 +74,30 @@ class Daemon:
         self.health.set("restoring", "restoring state from the store")
         deadline = time.monotonic() + STARTUP_RETRY_SECONDS
         await retry_transient(self.store.open, "open", deadline)
+        result: RestoreResult | None = None
+
+        async def list_and_restore() -> None:
+            nonlocal result
+            self.listing = await retry_transient(lambda: list_store(self.store, self.roots), "list", deadline)
+            result = await restore(self.store, self.roots, self.listing, mode=self.settings.restore,
+                                   concurrency=self.settings.concurrency)
+
         if claim:
+            # The claim only gates our own writes (an older writer may still finish its current
+            # window meanwhile, see fence.py), so it runs beside the restore, not before it.
             fence = Fence(self.store, self.settings.fence_window, self.settings.fence_margin)
-            await retry_transient(fence.claim, "claim", deadline)
+            try:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(retry_transient, fence.claim, "claim", deadline)
+                    tg.start_soon(list_and_restore)
+            except BaseExceptionGroup as eg:  # the callers expect the one error, not a group
+                first = eg
+                while isinstance(first, BaseExceptionGroup) and first.exceptions:
+                    first = first.exceptions[0]
+                raise first from None
             self.uploader.fence = fence
-        self.listing = await retry_transient(lambda: list_store(self.store, self.roots), "list", deadline)
-        result = await restore(self.store, self.roots, self.listing, mode=self.settings.restore,
-                               concurrency=self.settings.concurrency)
+        else:
+            await list_and_restore()
         self.health.restore = result
         return result
 
