@@ -246,7 +246,6 @@ def write_restored(root: Root, parts: list[str], data: bytes, mtime_ns: int, mod
                 view = view[n:]
             os.fchmod(fd, safe_mode(mode))
             os.utime(fd, ns=(mtime_ns, mtime_ns))
-            _start_writeback(fd)
         except BaseException:
             os.close(fd)
             os.unlink(tmp, dir_fd=dfd)
@@ -271,26 +270,6 @@ def safe_mode(mode: int) -> int:
     """Stored permission bits without world-write or set-id bits; 0600 when none were stored."""
     mode &= 0o777 & ~0o002
     return mode or 0o600
-
-
-def _load_sync_file_range():
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = (ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint)
-    return fn
-
-
-_sync_file_range = _load_sync_file_range()
-
-
-def _start_writeback(fd: int) -> None:
-    """Start writing the file's pages to disk now, without waiting (``SYNC_FILE_RANGE_WRITE``):
-    a restore's closing ``syncfs`` then waits for writes already under way instead of starting
-    them all at the end. Only a hint; errors are ignored (``syncfs`` reports nothing either)."""
-    if _sync_file_range is not None:
-        _sync_file_range(fd, 0, 0, 2)
 
 
 def release_free_memory() -> None:
