@@ -37,7 +37,7 @@ def _flag_map() -> list[tuple[str, str, dict[str, Any]]]:
         ("--prefix", "prefix", {"help": "namespace inside the store (one per agent session)"}),
         ("--ignore", "ignore", {"help": "comma-separated basename globs never mirrored (default *.tmp,.sidecar-*)"}),
         ("--concurrency", "concurrency", {"type": int, "help": "store operations in flight (default 16)"}),
-        ("--debounce-ms", "debounce_ms", {"type": int, "help": "watcher polling step while idle, ms (default 20; 2 while busy)"}),
+        ("--debounce-ms", "debounce_ms", {"type": int, "help": "watcher polling step while idle, ms (default 25; 2 while busy)"}),
         ("--reconcile-interval", "reconcile_interval", {"type": float, "help": "seconds between local rescans (default 120)"}),
         ("--full-reconcile-interval", "full_reconcile_interval", {"type": float, "help": "seconds between store listings (default 3600)"}),
         ("--drain-timeout", "drain_timeout", {"type": float, "help": "seconds to flush on shutdown (default 20)"}),

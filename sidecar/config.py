@@ -70,7 +70,7 @@ class Settings(BaseSettings):
     restore: Literal["auto", "skip", "force"] = Field("auto", description="restore rule before sync/run")
     restore_optional: bool = Field(False, description="start even when the store cannot be reached")
     concurrency: int = Field(16, ge=1, le=256, description="uploads/downloads in flight")
-    debounce_ms: int = Field(20, ge=2, le=1000, description="watcher polling step while idle (ms): first-write latency vs idle CPU")
+    debounce_ms: int = Field(25, ge=2, le=1000, description="watcher polling step while idle (ms): first-write latency vs idle CPU")
     reconcile_interval: float = Field(120.0, ge=0, description="seconds between local rescans (0: off)")
     full_reconcile_interval: float = Field(3600.0, ge=0, description="seconds between store listings (0: start only)")
     drain_timeout: float = Field(20.0, ge=0, description="seconds to flush pending work on shutdown")
