@@ -15,10 +15,11 @@ FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
 RUN python -m venv /opt/checkpoint-sidecar
 WORKDIR /src
-# Dependencies only (a stub package stands in for the code): rebuilt when pyproject.toml changes.
-COPY pyproject.toml ./
+# Dependencies only (a stub package stands in for the code), at the versions in constraints.txt
+# (the ones CI tests): rebuilt when pyproject.toml or constraints.txt changes.
+COPY pyproject.toml constraints.txt ./
 RUN mkdir sidecar && touch sidecar/__init__.py \
- && /opt/checkpoint-sidecar/bin/pip install . \
+ && /opt/checkpoint-sidecar/bin/pip install -c constraints.txt . \
  && /opt/checkpoint-sidecar/bin/pip uninstall -y checkpoint-sidecar \
  && rm -rf sidecar build ./*.egg-info
 # The code (README.m[d]: copied when present, the pattern matches nothing otherwise).
