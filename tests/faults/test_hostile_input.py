@@ -125,48 +125,44 @@ def test_a_skipped_file_is_not_reported_again_by_every_reconcile(work):
         sc.kill()
 
 
-# -- unreadable files (the sidecar as an unprivileged user) ----------------------------------------
+# -- unreadable files (the sidecar without the capabilities that let root read anything) ----------
 
-NOBODY = 65534
+#: setpriv arguments: root, but with every capability dropped from the bounding and inheritable
+#: sets, so the exec'd sidecar has none and file permissions apply to it as to any owner. (Running
+#: it as another uid instead fails when the checkout sits in a 0700 directory such as mktemp's.)
+NO_CAPS = ["setpriv", "--bounding-set=-all", "--inh-caps=-all", "--"]
 
 
 class Unprivileged(Sidecar):
-    """``sync`` run as uid/gid 65534 via ``setpriv``: root reads every file, nobody does not."""
+    """``sync`` run through ``setpriv`` with no capabilities: a mode-0000 file is unreadable to it."""
 
     def __init__(self, cwd: Path, *args: str, env: dict[str, str]):
         self.cwd = Path(cwd)
         self.log_path = self.cwd.parent / f"sidecar-{time.monotonic_ns()}.log"
         self.logf = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
-            ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
-             sys.executable, "-m", "sidecar", *args],
+            [*NO_CAPS, sys.executable, "-m", "sidecar", *args],
             cwd=cwd, env=env, stdout=self.logf, stderr=subprocess.STDOUT, start_new_session=True,
         )
 
 
 def test_unreadable_file_is_skipped_logged_and_counted():
     if os.geteuid() != 0 or shutil.which("setpriv") is None:
-        pytest.skip("needs root and setpriv to run the sidecar as an unprivileged user "
-                    "(root reads every file whatever its mode)")
+        pytest.skip("needs root and setpriv to run the sidecar without capabilities "
+                    "(with CAP_DAC_OVERRIDE root reads every file whatever its mode)")
     base = Path(tempfile.mkdtemp(prefix="sidecar-unpriv-"))
     sc = None
     try:
-        os.chmod(base, 0o755)
         work, store = base / "work", base / "store"
         cps = work / ".checkpoints"
         store.mkdir()
-        os.chown(store, NOBODY, NOBODY)
         write_atomic(cps / "ctx" / "readable.json", b"ok")
-        write_atomic(cps / "ctx" / "secret.json", b"root only")
-        for d in (work, cps, cps / "ctx"):
-            os.chmod(d, 0o755)
-        os.chmod(cps / "ctx" / "readable.json", 0o644)
-        os.chmod(cps / "ctx" / "secret.json", 0o600)
-        probe = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
-                                sys.executable, "-c", "import sidecar"], cwd=work, env=sidecar_env(),
-                               capture_output=True, text=True)
-        if probe.returncode != 0:
-            pytest.skip(f"the venv is not usable by uid {NOBODY}: {probe.stderr.strip()[-200:]}")
+        write_atomic(cps / "ctx" / "secret.json", b"nobody may read this")
+        os.chmod(cps / "ctx" / "secret.json", 0o000)
+        probe = subprocess.run([*NO_CAPS, sys.executable, "-c", "open(__import__('sys').argv[1]).read()",
+                                str(cps / "ctx" / "secret.json")], capture_output=True, text=True)
+        if probe.returncode == 0 or "Permission denied" not in probe.stderr:
+            pytest.skip(f"dropping capabilities did not make a mode-0000 file unreadable: {probe.stderr.strip()[-200:]}")
         sc = Unprivileged(work, "sync", "--store", str(store), "--http-addr", "127.0.0.1:0",
                           env=sidecar_env(HOME=str(base)))
         addr = sc.wait_event("http_listening")["addr"]
