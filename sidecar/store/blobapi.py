@@ -149,6 +149,10 @@ class BearerToken:
 # -- the client ------------------------------------------------------------------------------------
 
 
+#: What a request on a kept-alive connection that the server has just closed fails with.
+STALE_CONNECTION_ERRORS = (httpcore.RemoteProtocolError, httpcore.ReadError, httpcore.WriteError)
+
+
 class _Pool:
     """Keep-alive HTTP/1.1 connections (``httpcore.AsyncHTTPConnection``) to one origin, at most
     ``size`` in use at once, the most recently used first.
@@ -176,25 +180,34 @@ class _Pool:
 
     async def request(self, method: str, url: str, **kw: Any) -> httpcore.Response:
         async with self._slots:
-            conn = None
-            while self._idle:
-                candidate = self._idle.pop()
-                if candidate.is_available() and not candidate.has_expired():
-                    conn = candidate
-                    break
-                await _close(candidate)
-            if conn is None:
-                conn = httpcore.AsyncHTTPConnection(self._origin, ssl_context=self._ssl, keepalive_expiry=self._keepalive)
-            try:
-                response = await conn.request(method, url, **kw)
-            except BaseException:
-                await _close(conn)
-                raise
-            if conn.is_idle():
-                self._idle.append(conn)
-            else:
-                await _close(conn)
-            return response
+            while True:
+                conn = None
+                while self._idle:
+                    candidate = self._idle.pop()
+                    if candidate.is_available() and not candidate.has_expired():
+                        conn = candidate
+                        break
+                    await _close(candidate)
+                reused = conn is not None
+                if conn is None:
+                    conn = httpcore.AsyncHTTPConnection(self._origin, ssl_context=self._ssl, keepalive_expiry=self._keepalive)
+                try:
+                    response = await conn.request(method, url, **kw)
+                except STALE_CONNECTION_ERRORS:
+                    await _close(conn)
+                    if reused:
+                        # The server closed this idle connection as we sent (a load balancer's
+                        # idle timeout): not a failure of the request; at once, on a new one.
+                        continue
+                    raise
+                except BaseException:
+                    await _close(conn)
+                    raise
+                if conn.is_idle():
+                    self._idle.append(conn)
+                else:
+                    await _close(conn)
+                return response
 
     async def aclose(self) -> None:
         idle, self._idle = self._idle, []
