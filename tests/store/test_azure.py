@@ -280,21 +280,33 @@ def test_shared_key_string_to_sign_matches_the_reference_layout():
     assert auth.signature(text) == expected
 
 
-def test_shared_key_matches_the_sdk_policy():
+@pytest.mark.parametrize("base, account, path, query", [
+    # path style (Azurite): the account is also the first path segment
+    ("http://127.0.0.1:10000", "devstoreaccount1", "/devstoreaccount1/ckpt/dir/k%C3%A9y.json", [("timeout", "30")]),
+    # host style (Azure): put, and a listing with an encoded prefix and a marker
+    ("https://acct.blob.core.windows.net", "acct", "/ckpt/base/a%20b/c.json", []),
+    ("https://acct.blob.core.windows.net", "acct", "/ckpt",
+     [("restype", "container"), ("comp", "list"), ("include", "metadata"), ("prefix", "base/.checkpoints/é x"),
+      ("marker", "2!84!MDAwMDE4IWJhc2Uv")]),
+])
+def test_shared_key_matches_the_sdk_policy(base, account, path, query):
     """The same request signed by the SDK's own SharedKeyCredentialPolicy gives the same header."""
-    from azure.core.pipeline import PipelineRequest, PipelineContext
+    from urllib.parse import quote
+
+    from azure.core.pipeline import PipelineContext, PipelineRequest
     from azure.core.rest import HttpRequest
     from azure.storage.blob._shared.authentication import SharedKeyCredentialPolicy
 
+    key = DEV_KEY if account == "devstoreaccount1" else FAKE_KEY
     headers = {"x-ms-version": "2021-12-02", "x-ms-date": "Mon, 30 Nov 2026 12:00:00 GMT",
                "x-ms-blob-type": "BlockBlob", "Content-Length": "5", "Content-MD5": "bWQ1",
                "If-Match": '"0x1"', "x-ms-meta-sidecar_mode": "600"}
-    path, query = "/devstoreaccount1/ckpt/dir/k%C3%A9y.json", [("timeout", "30")]
     ours = dict(headers)
     import anyio
-    anyio.run(blobapi.SharedKey("devstoreaccount1", DEV_KEY).apply, "PUT", path, list(query), ours)
-    request = HttpRequest("PUT", f"http://127.0.0.1:10000{path}?timeout=30", headers=dict(headers))
-    SharedKeyCredentialPolicy("devstoreaccount1", DEV_KEY).on_request(PipelineRequest(request, PipelineContext(None)))
+    anyio.run(blobapi.SharedKey(account, key).apply, "PUT", path, list(query), ours)
+    url = base + path + ("?" + "&".join(f"{k}={quote(v, safe='')}" for k, v in query) if query else "")
+    request = HttpRequest("PUT", url, headers=dict(headers))
+    SharedKeyCredentialPolicy(account, key).on_request(PipelineRequest(request, PipelineContext(None)))
     assert ours["Authorization"] == request.headers["Authorization"]
 
 
