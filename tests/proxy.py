@@ -179,6 +179,12 @@ class Proxy:
                 self._server.close()
             for w in list(self._conns):
                 w.close()
+            # end the per-connection handlers while the loop still runs (closing the loop under
+            # them leaves coroutines whose cleanup fails later, in the garbage collector)
+            handlers = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in handlers:
+                t.cancel()
+            await asyncio.gather(*handlers, return_exceptions=True)
             loop.stop()
 
         asyncio.run_coroutine_threadsafe(shutdown(), loop)
