@@ -25,7 +25,7 @@ from sidecar.paths import IgnoreRules, Root
 from sidecar.plan import plan_reconcile
 from sidecar.fence import Fence
 from sidecar.snapshot import bundle_key
-from sidecar.restorer import Listing, RestoreResult, list_store, restore
+from sidecar.restorer import Listing, RestoreResult, leaves, list_store, restore
 from sidecar.store.base import Store, StoreError, TransientStoreError
 from sidecar.uploader import Uploader, backoff
 
@@ -91,10 +91,7 @@ class Daemon:
                     tg.start_soon(retry_transient, fence.claim, "claim", deadline)
                     tg.start_soon(list_and_restore)
             except BaseExceptionGroup as eg:  # the callers expect the one error, not a group
-                first = eg
-                while isinstance(first, BaseExceptionGroup) and first.exceptions:
-                    first = first.exceptions[0]
-                raise first from None
+                raise next(leaves(eg)) from None
             self.uploader.fence = fence
         else:
             await list_and_restore()

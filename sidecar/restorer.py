@@ -210,7 +210,7 @@ async def restore(
             for root, info in todo:
                 tg.start_soon(fetch, root, info)
     except BaseExceptionGroup as eg:  # report the first real cause, one line
-        for exc in _leaves(eg):
+        for exc in leaves(eg):
             if isinstance(exc, (RestoreError, StoreError)):
                 raise exc from None
         raise
@@ -235,9 +235,10 @@ async def restore(
     return result
 
 
-def _leaves(eg: BaseException):
+def leaves(eg: BaseException):
+    """The exceptions inside a (nested) exception group, in order; a plain exception is its own leaf."""
     if isinstance(eg, BaseExceptionGroup):
         for e in eg.exceptions:
-            yield from _leaves(e)
+            yield from leaves(e)
     else:
         yield eg

@@ -28,6 +28,17 @@ def wait_for(cond: Callable[[], object], timeout: float = 10.0, what: str = "con
         time.sleep(interval)
 
 
+def json_lines(text: str) -> list[dict]:
+    """The JSON objects among ``text``'s lines (the sidecar's JSON log lines), other lines skipped."""
+    out = []
+    for line in text.splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            pass
+    return out
+
+
 def metric_values(text: str) -> dict[str, float]:
     """Every sample of a Prometheus exposition (labels folded into the name), after a strict parse."""
     from prometheus_client.parser import text_string_to_metric_families
@@ -97,13 +108,7 @@ class Sidecar:
         )
 
     def events(self) -> list[dict]:
-        out = []
-        for line in self.log_path.read_text(errors="replace").splitlines():
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                pass
-        return out
+        return json_lines(self.log_path.read_text(errors="replace"))
 
     def has_event(self, name: str) -> bool:
         return any(e.get("event") == name for e in self.events())

@@ -529,14 +529,13 @@ class AzureBlobStore:
             raise
         return response.headers.get("etag")
 
-    async def _list_page(self, start: str, marker: str) -> tuple[bytes, str]:
+    async def _list_page(self, start: str, marker: str) -> bytes:
         query = [("restype", "container"), ("comp", "list"), ("include", "metadata"), ("maxresults", "5000")]
         if start:
             query.append(("prefix", start))
         if marker:
             query.append(("marker", marker))
-        response = await self._api.request("GET", self._container_path, query)
-        return response.body, marker
+        return (await self._api.request("GET", self._container_path, query)).body
 
     # -- interface -----------------------------------------------------------------------------
     async def open(self) -> None:
@@ -589,7 +588,7 @@ class AzureBlobStore:
                 try:
                     props = await self._api.request("HEAD", self._blob_path(name))
                 except blobapi.HttpError as e:
-                    if e.status != 404:
+                    if e.status != 404 or e.code == "ContainerNotFound":
                         raise
                     self._seen.pop(name, None)
                     etag = None  # deleted meanwhile: write it if still absent
@@ -635,7 +634,7 @@ class AzureBlobStore:
         marker = ""
         while True:
             try:
-                body, _ = await self._list_page(start, marker)
+                body = await self._list_page(start, marker)
             except (blobapi.HttpError, blobapi.ConnectionFailure, blobapi.CredentialFailure) as e:
                 raise self._error(e, f"listing {prefix!r}") from None
             try:

@@ -28,7 +28,7 @@ import ssl
 import time
 from dataclasses import dataclass
 from email.utils import formatdate
-from typing import Any, Awaitable, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 from urllib.parse import quote, unquote
 
 import anyio
@@ -47,9 +47,9 @@ STORAGE_SCOPE = "https://storage.azure.com/.default"
 class HttpError(Exception):
     """The service answered with an unexpected status. ``code`` is its ``x-ms-error-code``."""
 
-    def __init__(self, status: int, code: str | None, reason: str = "") -> None:
+    def __init__(self, status: int, code: str | None) -> None:
         self.status, self.code = status, code
-        super().__init__(f"{status} {code or reason}".strip())
+        super().__init__(f"{status} {code or ''}".strip())
 
 
 class ConnectionFailure(Exception):
@@ -276,7 +276,7 @@ class BlobApi:
 
     async def request(self, method: str, path: str, query: Iterable[tuple[str, str]] = (),
                       headers: dict[str, str] | None = None, body: bytes = b"",
-                      expect: Sequence[int] = (200,), on_retry: Callable[[], Awaitable[None]] | None = None) -> Response:
+                      expect: Sequence[int] = (200,)) -> Response:
         """Send, retrying transient failures; the response when its status is in ``expect``.
 
         Raises :class:`HttpError` for any other status (after retries for transient ones),
@@ -300,8 +300,6 @@ class BlobApi:
                     raise error
             attempt += 1
             await anyio.sleep(backoff(attempt, self.retry_backoff))
-            if on_retry is not None:
-                await on_retry()
 
     async def _send(self, method: str, path: str, query: list[tuple[str, str]], headers: dict[str, str],
                     body: bytes) -> Response:

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from support import wait_for as _wait_for
+from support import json_lines, wait_for as _wait_for
 
 from .conftest import BASE_IMAGE, SIZES, run
 
@@ -24,14 +24,7 @@ def wait_for(cond, timeout: float, what: str, diagnostics=lambda: ""):
     return _wait_for(cond, timeout, what, lambda: "\n" + diagnostics(), interval=POLL)
 
 
-def events(log: str) -> list[dict]:
-    out = []
-    for line in log.splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            pass
-    return out
+events = json_lines  # the JSON log lines of a container's output
 
 
 def test_image_config(podman, sidecar_image):

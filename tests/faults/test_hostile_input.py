@@ -23,22 +23,12 @@ import anyio
 import pytest
 from azure.storage.blob.aio import BlobServiceClient
 
-from support import Sidecar, disk_tree, run_cli, sidecar_env, store_tree, wait_for, write_atomic
+from support import Sidecar, disk_tree, json_lines, run_cli, sidecar_env, store_tree, wait_for, write_atomic
 from sidecar.store.base import ObjectMeta
 from sidecar.store.directory import DirectoryStore
 from tests.faults.faultkit import events, metrics, new_target, start_with_http
 
 pytestmark = pytest.mark.faults
-
-
-def json_lines(text: str) -> list[dict]:
-    out = []
-    for line in text.splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            pass
-    return out
 
 
 # -- stored names escaping a root, in Azurite ------------------------------------------------------
