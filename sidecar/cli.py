@@ -155,6 +155,9 @@ def main(argv: list[str] | None = None) -> int:
             return probe(settings, args.what, args.timeout)
     except KeyboardInterrupt:
         return 130
+    except _StoreConfigError as e:
+        print(f"checkpoint-sidecar: config error: {log.redact(str(e))}", file=sys.stderr)
+        return EXIT_CONFIG
     except Exception as e:  # a bug: one line for the operator, the traceback at debug level
         log.debug("traceback", exc=e)
         import traceback
@@ -167,10 +170,17 @@ def main(argv: list[str] | None = None) -> int:
 
 # -- commands --------------------------------------------------------------------------------
 
+class _StoreConfigError(Exception):
+    """The store URL or its credentials cannot be used (found when the store is built)."""
+
+
 def _open(settings: Settings):
     from sidecar.store import make_store
 
-    return make_store(settings.store, settings.prefix)
+    try:
+        return make_store(settings.store, settings.prefix)
+    except ValueError as e:
+        raise _StoreConfigError(str(e)) from None
 
 
 async def _prepare(daemon, settings: Settings, claim: bool = True) -> int | None:

@@ -49,6 +49,30 @@ def test_missing_command_and_bad_config(work):
     assert len(r.stderr.strip().splitlines()) == 2
 
 
+def test_unusable_azure_credentials_are_a_config_error(work, monkeypatch):
+    """Found only when the store is built (after the settings parse): still a one-line config
+    error with exit 2, never "unexpected", and the command is not started."""
+    work, _store = work
+    marker = work / "started"
+    for name in ("AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_KEY", "AZURE_STORAGE_SAS_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    cases = [
+        ({}, "only sent over https"),  # Azure AD over plain http
+        ({"AZURE_STORAGE_KEY": "not base64!"}, "AZURE_STORAGE_KEY is not an account key"),
+    ]
+    for env, expected in cases:
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        r = run_cli("run", "--store", "http://127.0.0.1:9/devstoreaccount1/state", "--", "touch", str(marker), cwd=work)
+        for name in env:
+            monkeypatch.delenv(name)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1 and "config error" in lines[0], r.stderr
+        assert expected in lines[0] and "unexpected" not in r.stderr
+        assert "not base64!" not in r.stderr
+    assert not marker.exists()
+
+
 TRAP = """
 import os, signal, sys, time
 def bye(sig, frame):
