@@ -20,7 +20,7 @@ from anyio.abc import TaskStatus
 
 from sidecar import log, metrics
 from sidecar.config import Settings
-from sidecar.localfs import LocalStat, scan_root
+from sidecar.localfs import LocalStat, restore_cut_short, scan_root
 from sidecar.paths import IgnoreRules, Root
 from sidecar.plan import plan_reconcile
 from sidecar.fence import Fence
@@ -66,6 +66,9 @@ class Daemon:
         self.listing: Listing | None = None
         #: roots that were empty at start and not restored: their stored copy must not be deleted
         self.protected: set[str] = set()
+        #: roots still holding a cut-short restore (not restored again, e.g. ``--no-restore``): a
+        #: fragment of the stored state, so their stored files are never deleted
+        self.incomplete: set[str] = set()
 
     # -- phase 1: restore --------------------------------------------------------------------
     async def prepare(self, claim: bool = True) -> RestoreResult | None:
@@ -161,11 +164,16 @@ class Daemon:
                 self.protected.discard(root.name)
             elif initial and root.name not in (self.health.restore.restored_roots() if self.health.restore else set()):
                 self.protected.add(root.name)
+            if initial and restore_cut_short(root):
+                self.incomplete.add(root.name)
+                log.warning("restore_incomplete_root_protected", root=root.path,
+                            detail="an earlier restore into this root was cut short and it was not restored again; "
+                                   "its stored files are kept (never deleted) until a restore completes")
         names = {r.name for r in roots}
         known = self.uploader.remote if remote is None else remote
         known = {k: v for k, v in known.items() if k.split("/", 1)[0] in names}
         busy = self.uploader.pending_keys()
-        plan = plan_reconcile(local, known, self.protected)
+        plan = plan_reconcile(local, known, self.protected | self.incomplete)
         upload = [k for k in plan.upload if k not in busy and not self.uploader.still_skipped(k, local[k])]
         delete = [k for k in plan.delete if k not in busy and (known_before is None or k in known_before)]
         if remote is not None:  # a fresh listing replaces what we believed
@@ -189,7 +197,7 @@ class Daemon:
                         detail="changes the watcher did not report (dropped events?) are now queued")
         elif initial:
             log.info("reconcile_start", upload=len(upload), delete=len(delete), in_sync=plan.in_sync,
-                     protected=",".join(sorted(self.protected)) or "-")
+                     protected=",".join(sorted(self.protected | self.incomplete)) or "-")
         return fixes
 
     async def _reconcile_loop(self) -> None:

@@ -11,10 +11,8 @@ import secrets
 import stat
 from dataclasses import dataclass
 
-from sidecar.paths import MAX_KEY_BYTES, IgnoreRules, Root
+from sidecar.paths import MAX_KEY_BYTES, RESTORE_MARKER, RESTORE_TMP_PREFIX, IgnoreRules, Root
 from sidecar.store.base import ObjectMeta
-
-RESTORE_TMP_PREFIX = ".sidecar-restore-"
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,6 +293,29 @@ def syncfs(path: str) -> None:
         os.sync()
     finally:
         os.close(fd)
+
+
+def mark_restoring(root: Root) -> None:
+    """Put the restore marker at the top of ``root`` (created if missing) before any file lands."""
+    os.makedirs(root.path, mode=0o700, exist_ok=True)
+    dfd = os.open(root.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fd = os.open(RESTORE_MARKER, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+        os.close(fd)
+    finally:
+        os.close(dfd)
+
+
+def restore_cut_short(root: Root) -> bool:
+    """True when a restore into ``root`` began and never finished (its marker is still there)."""
+    return os.path.lexists(os.path.join(root.path, RESTORE_MARKER))
+
+
+def clear_restoring(root: Root) -> None:
+    try:
+        os.unlink(os.path.join(root.path, RESTORE_MARKER))
+    except FileNotFoundError:
+        pass
 
 
 def remove_stale_restore_temps(root: Root) -> None:

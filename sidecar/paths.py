@@ -23,6 +23,14 @@ RESERVED_NAMES = frozenset({".sidecar-meta", ".sidecar"})
 #: Basename patterns never mirrored: the writers' temp files and our own restore temp files.
 DEFAULT_IGNORE = ("*.tmp", ".sidecar-*")
 
+#: A restore's temp files (``<prefix><random>`` beside their target).
+RESTORE_TMP_PREFIX = ".sidecar-restore-"
+#: Left at the top of a root while a restore fills it; still there at start-up, it says that the
+#: root holds a cut-short restore, not the truth.
+RESTORE_MARKER = ".sidecar-restoring"
+#: Our own files inside roots: never mirrored, whatever ``ignore`` says.
+INTERNAL_IGNORE = (RESTORE_TMP_PREFIX + "*", RESTORE_MARKER)
+
 MAX_KEY_BYTES = 1024  # Azure Blob's limit on a blob name; the directory store follows it too.
 
 
@@ -126,7 +134,8 @@ class IgnoreRules:
 
     def __init__(self, patterns: tuple[str, ...] | list[str] = DEFAULT_IGNORE) -> None:
         self.patterns = tuple(patterns)
-        self._match = re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in self.patterns) or "(?!)").match
+        every = (*self.patterns, *INTERNAL_IGNORE)
+        self._match = re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in every)).match
 
     def ignored(self, rel: str) -> bool:
         return self._match(rel.rsplit("/", 1)[-1]) is not None

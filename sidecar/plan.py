@@ -48,7 +48,8 @@ class RootDecision:
     reason: str
 
 
-def decide_restore(root_name: str, local_has_files: bool, stored: int, mode: str) -> RootDecision:
+def decide_restore(root_name: str, local_has_files: bool, stored: int, mode: str,
+                   cut_short: bool = False) -> RootDecision:
     """The restore rule. ``mode`` is ``auto``, ``force`` or ``skip``.
 
     * ``skip``: never restore.
@@ -56,6 +57,9 @@ def decide_restore(root_name: str, local_has_files: bool, stored: int, mode: str
     * ``auto``: a root with no regular files (fresh compute; empty placeholder directories count as
       empty) is filled from the store; a root that holds files is the truth and is left alone, and
       ``sync`` then makes the store match it, so pruned checkpoints never come back.
+    * ``cut_short`` (an earlier restore into the root never finished): the files there are a
+      fragment of the stored state, not the truth, so ``auto`` restores the root again. (With
+      ``skip`` the sync daemon keeps the root's stored files from being deleted instead.)
     """
     if mode == "skip":
         return RootDecision(root_name, False, "restore disabled")
@@ -63,6 +67,8 @@ def decide_restore(root_name: str, local_has_files: bool, stored: int, mode: str
         return RootDecision(root_name, False, "nothing stored")
     if mode == "force":
         return RootDecision(root_name, True, "forced")
+    if cut_short:
+        return RootDecision(root_name, True, "an earlier restore into this root was cut short: restoring it again")
     if local_has_files:
         return RootDecision(root_name, False, "root already holds files: the disk is the truth")
     return RootDecision(root_name, True, "root is empty: filling it from the store")

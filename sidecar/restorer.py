@@ -20,7 +20,8 @@ import anyio.to_thread
 
 from sidecar import log, metrics
 from sidecar.localfs import (
-    ChecksumMismatch, UnsafeTarget, has_regular_files, printable, remove_stale_restore_temps, syncfs, unmirrorable_reason, write_restored,
+    ChecksumMismatch, UnsafeTarget, clear_restoring, has_regular_files, mark_restoring, printable, remove_stale_restore_temps,
+    restore_cut_short, syncfs, unmirrorable_reason, write_restored,
 )
 from sidecar.paths import Root, UnsafeKey, split_key
 from sidecar.plan import RootDecision, decide_restore
@@ -148,13 +149,20 @@ async def restore(
                     stored[c.key] = ObjectInfo(c.key, c.meta.size, c.meta.sha256, c.meta.mtime_ns, c.meta.mode)
             per_root[root.name] = list(stored.values())
         local = await anyio.to_thread.run_sync(has_regular_files, root.path)
-        d = decide_restore(root.name, local, len(per_root[root.name]), mode)
+        cut_short = restore_cut_short(root)
+        d = decide_restore(root.name, local, len(per_root[root.name]), mode, cut_short)
         result.decisions.append(d)
         log.info("restore_decision", root=root.path, restore=d.restore, reason=d.reason,
                  stored=len(per_root[root.name]))
         if d.restore:
             await anyio.to_thread.run_sync(remove_stale_restore_temps, root)
+            try:  # before the first file lands: a restore cut short from here on is known as such
+                mark_restoring(root)
+            except OSError as e:
+                raise RestoreError(f"cannot write into {root.path}: {e.strerror}") from None
             todo.extend((root, info) for info in per_root[root.name])
+        elif cut_short and mode != "skip":  # nothing is stored any more: the disk is all there is
+            clear_restoring(root)
 
     by_name = {r.name: r for r in roots}
     progress = _Progress(len(todo), sum(i.size for _, i in todo))
@@ -217,6 +225,7 @@ async def restore(
     for root in roots:
         if root.name in result.restored_roots():
             await anyio.to_thread.run_sync(syncfs, root.path)
+            clear_restoring(root)  # every file is in place and flushed
 
     result.files, result.bytes = progress.files, progress.bytes
     result.seconds = time.monotonic() - t0

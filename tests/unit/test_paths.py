@@ -65,3 +65,11 @@ def test_ignore_rules_match_the_writers_temp_files():
     assert ig.ignored("ctx/.sidecar-restore-00ff")  # our own
     assert not ig.ignored("ctx/3f2a.json")
     assert not ig.ignored("approval_requests.json")
+
+
+def test_our_own_files_are_ignored_whatever_the_configured_patterns():
+    ig = IgnoreRules(["*.swp"])  # --ignore replaces the defaults...
+    assert ig.ignored("a.swp") and not ig.ignored("a.json")
+    assert ig.ignored("ctx/.sidecar-restore-00ff")  # ...never our restore temp files
+    assert ig.ignored(".sidecar-restoring")  # ...nor the restore marker
+    assert not IgnoreRules([]).ignored("x.tmp")

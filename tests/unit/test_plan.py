@@ -35,6 +35,13 @@ def test_restore_rule():
     assert not decide_restore("r", local_has_files=False, stored=0, mode="auto").restore
 
 
+def test_a_cut_short_restore_is_not_the_truth():
+    d = decide_restore("r", local_has_files=True, stored=3, mode="auto", cut_short=True)
+    assert d.restore and "cut short" in d.reason
+    assert not decide_restore("r", local_has_files=True, stored=3, mode="skip", cut_short=True).restore
+    assert not decide_restore("r", local_has_files=True, stored=0, mode="auto", cut_short=True).restore
+
+
 def test_status():
     s = plan_status({"r/a": LocalStat(1, 10, 0o600), "r/new": LocalStat(1, 1, 0o600)},
                     {"r/a": info("r/a"), "r/old": info("r/old")})
