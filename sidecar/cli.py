@@ -41,6 +41,8 @@ def _flag_map() -> list[tuple[str, str, dict[str, Any]]]:
         ("--reconcile-interval", "reconcile_interval", {"type": float, "help": "seconds between local rescans (default 120)"}),
         ("--full-reconcile-interval", "full_reconcile_interval", {"type": float, "help": "seconds between store listings (default 3600)"}),
         ("--drain-timeout", "drain_timeout", {"type": float, "help": "seconds to flush on shutdown (default 20)"}),
+        ("--fence-window", "fence_window", {"type": float, "help": "seconds a proof of store ownership is trusted (default 2)"}),
+        ("--fence-margin", "fence_margin", {"type": float, "help": "extra wait after a recently active predecessor, seconds (default 8)"}),
         ("--max-file-size", "max_file_size", {"type": int, "help": "bytes; larger files are not mirrored"}),
         ("--http-addr", "http_addr", {"help": "host:port for /livez /readyz /metrics ('' disables)"}),
         ("--log-level", "log_level", {"help": "debug, info, warning, error"}),

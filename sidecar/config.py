@@ -1,18 +1,25 @@
-"""One typed configuration, from ``SIDECAR_*`` environment variables and CLI flags (flags win)."""
+"""One typed configuration, from ``SIDECAR_*`` environment variables and CLI flags (flags win).
+
+Every setting is declared once, as a field of :class:`Settings` with its type, default, bounds
+and help; :func:`load` takes each from the flags or the environment (``SIDECAR_<NAME>``, any
+case), converts and checks it, and reports every problem at once, one line each, naming the
+variable. This is the part of pydantic-settings the sidecar used; importing pydantic cost about
+95 ms of the 200 ms a restore may add to a host's cold start (see the README's design section).
+"""
 
 from __future__ import annotations
 
+import math
 import os
-from typing import Annotated, Literal
-
-from pydantic import Field, ValidationError, field_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, Callable
 
 from sidecar.paths import DEFAULT_IGNORE, Root, is_within, make_roots
 from sidecar.store import directory_of, store_kind
 
 DEFAULT_ROOTS = [".checkpoints", ".function_approvals"]
 LAYOUTS = ("agent-framework", "agentserver")
+ENV_PREFIX = "SIDECAR_"
 
 
 def layout_roots(layout: str, env: dict[str, str] | None = None) -> list[str]:
@@ -30,6 +37,8 @@ def layout_roots(layout: str, env: dict[str, str] | None = None) -> list[str]:
     if env.get("FOUNDRY_HOSTING_ENVIRONMENT"):
         return ["/.checkpoints", "/.function_approvals"]
     return list(DEFAULT_ROOTS)
+
+
 DEFAULT_HTTP_PORT = 7479  # clear of the host (8088), Prometheus exporters (9100-9999) and common app ports
 
 
@@ -47,65 +56,55 @@ class ConfigError(ValueError):
         self.problems = problems
 
 
-def _split(v: object) -> object:
-    if isinstance(v, str):
-        return [p.strip() for p in v.split(",") if p.strip()]
+# -- checks beyond type and bounds (a ValueError's text becomes the problem line) ----------------
+
+def _check_prefix(v: str) -> str:
+    v = v.strip("/")
+    if v and any(p in ("", ".", "..") or "\\" in p for p in v.split("/")):
+        raise ValueError("must be a plain relative name like 'session-42' or 'team/session-42'")
     return v
 
 
-CommaList = Annotated[list[str], NoDecode]
+def _check_store(v: str) -> str:
+    if not v.strip():
+        raise ValueError("must not be empty")
+    store_kind(v)  # raises for unsupported schemes
+    return v.strip()
 
 
-class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="SIDECAR_", extra="forbid", validate_default=True)
+def setting(default: Any, help: str, *, choices: tuple[str, ...] = (), ge: float | None = None,
+            le: float | None = None, gt: float | None = None, check: Callable[[Any], Any] | None = None) -> Any:
+    """A :class:`Settings` field: ``default`` (a value, or a callable for a fresh one), the help
+    text, and what a value must satisfy besides its type."""
+    meta = {"help": help, "choices": choices, "ge": ge, "le": le, "gt": gt, "check": check}
+    if callable(default):
+        return field(default_factory=default, metadata=meta)
+    return field(default=default, metadata=meta)
 
-    store: str = Field(default_factory=default_store, description="file:///dir, a path, or an Azure Blob container URL")
-    layout: Literal["agent-framework", "agentserver"] = Field("agent-framework", description="which host's state to mirror")
-    roots: CommaList = Field(default_factory=list, description="trees to mirror (overrides the layout)")
-    commit: Literal["auto", "per-file", "snapshot"] = Field(
-        "auto", description="per-file, or crash-consistent snapshots across files (auto: snapshot for agentserver)")
-    prefix: str = Field("", description="namespace inside the store, e.g. one per agent session")
-    ignore: CommaList = Field(default_factory=lambda: list(DEFAULT_IGNORE), description="basename globs never mirrored")
 
-    restore: Literal["auto", "skip", "force"] = Field("auto", description="restore rule before sync/run")
-    restore_optional: bool = Field(False, description="start even when the store cannot be reached")
-    concurrency: int = Field(16, ge=1, le=256, description="uploads/downloads in flight")
-    debounce_ms: int = Field(25, ge=2, le=1000, description="watcher polling step while idle (ms): first-write latency vs idle CPU")
-    reconcile_interval: float = Field(120.0, ge=0, description="seconds between local rescans (0: off)")
-    full_reconcile_interval: float = Field(3600.0, ge=0, description="seconds between store listings (0: start only)")
-    drain_timeout: float = Field(20.0, ge=0, description="seconds to flush pending work on shutdown")
-    fence_window: float = Field(2.0, gt=0, description="seconds a proof of store ownership is trusted")
-    fence_margin: float = Field(8.0, ge=0, description="extra wait before writing after a recently active owner")
-    max_file_size: int = Field(256 * 1024 * 1024, ge=1, description="files larger than this are not mirrored")
-    http_addr: str = Field(f"127.0.0.1:{DEFAULT_HTTP_PORT}", description="host:port of /livez /readyz /metrics ('' to disable)")
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
-    log_format: Literal["auto", "json", "text"] = "auto"
+@dataclass(frozen=True)
+class Settings:
+    store: str = setting(default_store, "file:///dir, a path, or an Azure Blob container URL", check=_check_store)
+    layout: str = setting("agent-framework", "which host's state to mirror", choices=LAYOUTS)
+    roots: list[str] = setting(list, "trees to mirror (overrides the layout)")
+    commit: str = setting("auto", "per-file, or crash-consistent snapshots across files (auto: snapshot for agentserver)",
+                          choices=("auto", "per-file", "snapshot"))
+    prefix: str = setting("", "namespace inside the store, e.g. one per agent session", check=_check_prefix)
+    ignore: list[str] = setting(lambda: list(DEFAULT_IGNORE), "basename globs never mirrored")
 
-    @field_validator("roots", "ignore", mode="before")
-    @classmethod
-    def _comma(cls, v: object) -> object:
-        return _split(v)
-
-    @field_validator("log_level", "log_format", "restore", "layout", "commit", mode="before")
-    @classmethod
-    def _lower(cls, v: object) -> object:
-        return v.lower() if isinstance(v, str) else v
-
-    @field_validator("prefix")
-    @classmethod
-    def _prefix(cls, v: str) -> str:
-        v = v.strip("/")
-        if v and any(p in ("", ".", "..") or "\\" in p for p in v.split("/")):
-            raise ValueError("must be a plain relative name like 'session-42' or 'team/session-42'")
-        return v
-
-    @field_validator("store")
-    @classmethod
-    def _store(cls, v: str) -> str:
-        if not v.strip():
-            raise ValueError("must not be empty")
-        store_kind(v)  # raises for unsupported schemes
-        return v.strip()
+    restore: str = setting("auto", "restore rule before sync/run", choices=("auto", "skip", "force"))
+    restore_optional: bool = setting(False, "start even when the store cannot be reached")
+    concurrency: int = setting(16, "uploads/downloads in flight", ge=1, le=256)
+    debounce_ms: int = setting(25, "watcher polling step while idle (ms): first-write latency vs idle CPU", ge=2, le=1000)
+    reconcile_interval: float = setting(120.0, "seconds between local rescans (0: off)", ge=0)
+    full_reconcile_interval: float = setting(3600.0, "seconds between store listings (0: start only)", ge=0)
+    drain_timeout: float = setting(20.0, "seconds to flush pending work on shutdown", ge=0)
+    fence_window: float = setting(2.0, "seconds a proof of store ownership is trusted", gt=0)
+    fence_margin: float = setting(8.0, "extra wait before writing after a recently active owner", ge=0)
+    max_file_size: int = setting(256 * 1024 * 1024, "files larger than this are not mirrored", ge=1)
+    http_addr: str = setting(f"127.0.0.1:{DEFAULT_HTTP_PORT}", "host:port of /livez /readyz /metrics ('' to disable)")
+    log_level: str = setting("info", "log level", choices=("debug", "info", "warning", "error"))
+    log_format: str = setting("auto", "auto (json unless a terminal), json, text", choices=("auto", "json", "text"))
 
     # -- derived ---------------------------------------------------------------------------
     def root_list(self, cwd: str | None = None) -> list[Root]:
@@ -121,25 +120,100 @@ class Settings(BaseSettings):
         return (host.strip("[]") or "127.0.0.1"), int(port)
 
 
-def _format_validation(e: ValidationError) -> list[str]:
-    out = []
-    for err in e.errors():
-        field = ".".join(str(x) for x in err["loc"]) or "config"
-        msg = err["msg"].removeprefix("Value error, ")
-        out.append(f"SIDECAR_{field.upper()}: {msg}")
-    return out
+# -- conversion ------------------------------------------------------------------------------------
+
+_TRUE = frozenset({"1", "true", "t", "yes", "y", "on"})
+_FALSE = frozenset({"0", "false", "f", "no", "n", "off"})
 
 
-def load(overrides: dict[str, object] | None = None, cwd: str | None = None) -> tuple[Settings, list[Root]]:
+def _convert(kind: str, raw: Any) -> Any:
+    """``raw`` (a string from the environment, or a flag's value) as ``kind``; ValueError if not."""
+    if kind == "str":
+        if not isinstance(raw, str):
+            raise ValueError(f"must be text, got {raw!r}")
+        return raw
+    if kind == "list[str]":
+        if isinstance(raw, str):
+            return [p.strip() for p in raw.split(",") if p.strip()]
+        if isinstance(raw, (list, tuple)) and all(isinstance(p, str) for p in raw):
+            return list(raw)
+        raise ValueError(f"must be a comma-separated list, got {raw!r}")
+    if kind == "bool":
+        if isinstance(raw, bool):
+            return raw
+        word = str(raw).strip().lower()
+        if word in _TRUE:
+            return True
+        if word in _FALSE:
+            return False
+        raise ValueError(f"must be true or false, got {raw!r}")
+    if kind == "int":
+        if isinstance(raw, bool) or not isinstance(raw, (int, str)):
+            raise ValueError(f"must be a whole number, got {raw!r}")
+        try:
+            return int(raw)
+        except ValueError:
+            raise ValueError(f"must be a whole number, got {raw!r}") from None
+    if kind == "float":
+        if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
+            raise ValueError(f"must be a number, got {raw!r}")
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ValueError(f"must be a number, got {raw!r}") from None
+        if math.isnan(value):
+            raise ValueError("must be a number, got nan")
+        return value
+    raise AssertionError(f"no conversion for {kind}")  # a new field type needs one here
+
+
+def _check(value: Any, meta: dict[str, Any]) -> Any:
+    if meta["choices"]:
+        value = value.lower()
+        if value not in meta["choices"]:
+            raise ValueError(f"must be one of {', '.join(meta['choices'])}; got {value!r}")
+    if meta["ge"] is not None and value < meta["ge"]:
+        raise ValueError(f"must be at least {meta['ge']:g}; got {value:g}")
+    if meta["le"] is not None and value > meta["le"]:
+        raise ValueError(f"must be at most {meta['le']:g}; got {value:g}")
+    if meta["gt"] is not None and value <= meta["gt"]:
+        raise ValueError(f"must be more than {meta['gt']:g}; got {value:g}")
+    if meta["check"] is not None:
+        value = meta["check"](value)
+    return value
+
+
+def _settings(overrides: dict[str, Any], env: dict[str, str], problems: list[str]) -> Settings | None:
+    from_env = {k.upper(): v for k, v in env.items() if k.upper().startswith(ENV_PREFIX)}
+    values: dict[str, Any] = {}
+    for f in fields(Settings):
+        variable = ENV_PREFIX + f.name.upper()
+        if overrides.get(f.name) is not None:
+            raw = overrides[f.name]
+        elif variable in from_env:
+            raw = from_env[variable]
+        else:
+            raw = f.default_factory() if f.default is MISSING else f.default  # type: ignore[misc]
+        try:
+            values[f.name] = _check(_convert(f.type, raw), f.metadata)  # type: ignore[arg-type]
+        except ValueError as e:
+            problems.append(f"{variable}: {e}")
+    unknown = sorted(set(overrides) - {f.name for f in fields(Settings)})
+    if unknown:
+        raise TypeError(f"unknown settings {unknown}")  # a bug in the caller, not the operator's input
+    return None if problems else Settings(**values)
+
+
+def load(overrides: dict[str, object] | None = None, cwd: str | None = None,
+         env: dict[str, str] | None = None) -> tuple[Settings, list[Root]]:
     """Settings from the environment with ``overrides`` (CLI flags) on top, fully validated.
 
     Raises :class:`ConfigError` listing every problem, one line each.
     """
-    try:
-        settings = Settings(**{k: v for k, v in (overrides or {}).items() if v is not None})
-    except ValidationError as e:
-        raise ConfigError(_format_validation(e)) from None
     problems: list[str] = []
+    settings = _settings(overrides or {}, os.environ if env is None else env, problems)
+    if settings is None:
+        raise ConfigError(problems)
     roots: list[Root] = []
     try:
         roots = settings.root_list(cwd)

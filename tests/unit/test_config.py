@@ -59,3 +59,48 @@ def test_layouts(monkeypatch, tmp_path):
     assert [r.path for r in roots] == ["/.checkpoints", "/.function_approvals"]
     _, roots = load({"layout": "agentserver", "roots": "x"}, cwd=str(tmp_path))  # explicit roots win
     assert [r.path for r in roots] == [str(tmp_path / "x")]
+
+
+def test_types_bounds_and_choices_one_line_each(tmp_path):
+    env = {
+        "sidecar_restore_optional": "Yes",  # names in any case, as before
+        "SIDECAR_LOG_LEVEL": "DEBUG",
+        "SIDECAR_IGNORE": " *.swp , ,x* ",
+        "SIDECAR_DRAIN_TIMEOUT": "2.5",
+        "SIDECAR_STORE": str(tmp_path / "s"),
+    }
+    s, _ = load({"concurrency": 3}, cwd=str(tmp_path), env=env)
+    assert s.restore_optional is True and s.log_level == "debug" and s.ignore == ["*.swp", "x*"]
+    assert s.drain_timeout == 2.5 and s.concurrency == 3 and s.fence_window == 2.0
+    bad = {
+        "SIDECAR_CONCURRENCY": "0", "SIDECAR_DEBOUNCE_MS": "1.5", "SIDECAR_FENCE_WINDOW": "0",
+        "SIDECAR_RESTORE_OPTIONAL": "maybe", "SIDECAR_COMMIT": "sometimes", "SIDECAR_DRAIN_TIMEOUT": "nan",
+        "SIDECAR_STORE": "  ",
+    }
+    with pytest.raises(ConfigError) as e:
+        load({}, cwd=str(tmp_path), env=bad)
+    lines = dict(p.split(": ", 1) for p in e.value.problems)
+    assert lines == {
+        "SIDECAR_CONCURRENCY": "must be at least 1; got 0",
+        "SIDECAR_DEBOUNCE_MS": "must be a whole number, got '1.5'",
+        "SIDECAR_FENCE_WINDOW": "must be more than 0; got 0",
+        "SIDECAR_RESTORE_OPTIONAL": "must be true or false, got 'maybe'",
+        "SIDECAR_COMMIT": "must be one of auto, per-file, snapshot; got 'sometimes'",
+        "SIDECAR_DRAIN_TIMEOUT": "must be a number, got nan",
+        "SIDECAR_STORE": "must not be empty",
+    }
+
+
+def test_every_setting_has_a_flag_and_a_documented_variable():
+    from dataclasses import fields
+    from pathlib import Path
+
+    from sidecar.cli import _flag_map
+    from sidecar.config import Settings
+
+    names = {f.name for f in fields(Settings)}
+    flags = {dest for _flag, dest, _kw in _flag_map()} | {"restore", "restore_optional"}
+    assert flags == names
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert [n for n in names if f"SIDECAR_{n.upper()}" not in readme] == []
+    assert all(f.metadata["help"] for f in fields(Settings))
