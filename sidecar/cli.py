@@ -190,12 +190,8 @@ async def _prepare(daemon, settings: Settings, claim: bool = True) -> int | None
     from sidecar.restorer import RestoreError
     from sidecar.store.base import StoreError
 
-    from sidecar.fence import Fenced
-
     try:
         await daemon.prepare(claim=claim)
-    except Fenced as e:
-        return _fail(str(e))
     except RestoreError as e:
         return _fail(f"restore failed: {e}")
     except StoreError as e:

@@ -23,9 +23,9 @@ from sidecar.config import Settings
 from sidecar.localfs import LocalStat, restore_cut_short, scan_root
 from sidecar.paths import IgnoreRules, Root
 from sidecar.plan import plan_reconcile
-from sidecar.fence import Fence
+from sidecar.fence import Fence, Fenced
 from sidecar.snapshot import bundle_key
-from sidecar.restorer import Listing, RestoreResult, leaves, list_store, restore
+from sidecar.restorer import Listing, RestoreResult, list_store, restore
 from sidecar.store.base import Store, StoreError, TransientStoreError
 from sidecar.uploader import Uploader, backoff
 
@@ -72,34 +72,39 @@ class Daemon:
 
     # -- phase 1: restore --------------------------------------------------------------------
     async def prepare(self, claim: bool = True) -> RestoreResult | None:
-        """Open the store, claim it (fencing off an older writer), list it once and restore by the
-        rule. Raises StoreError/RestoreError/Fenced."""
+        """Open the store, list it once and restore by the rule. With ``claim``, :meth:`serve`
+        then claims the store (fencing off an older writer) before our first write. Raises
+        StoreError/RestoreError."""
         self.health.set("restoring", "restoring state from the store")
+        if claim:
+            # Made now, claimed in serve(): the claim gates only our own writes (an older writer
+            # may still finish its current window meanwhile, see fence.py), so it neither delays
+            # the restore (two more requests to the store) nor the host's start.
+            self.uploader.fence = Fence(self.store, self.settings.fence_window, self.settings.fence_margin)
         deadline = time.monotonic() + STARTUP_RETRY_SECONDS
         await retry_transient(self.store.open, "open", deadline)
-        result: RestoreResult | None = None
-
-        async def list_and_restore() -> None:
-            nonlocal result
-            self.listing = await retry_transient(lambda: list_store(self.store, self.roots), "list", deadline)
-            result = await restore(self.store, self.roots, self.listing, mode=self.settings.restore,
-                                   concurrency=self.settings.concurrency)
-
-        if claim:
-            # The claim only gates our own writes (an older writer may still finish its current
-            # window meanwhile, see fence.py), so it runs beside the restore, not before it.
-            fence = Fence(self.store, self.settings.fence_window, self.settings.fence_margin)
-            try:
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(retry_transient, fence.claim, "claim", deadline)
-                    tg.start_soon(list_and_restore)
-            except BaseExceptionGroup as eg:  # the callers expect the one error, not a group
-                raise next(leaves(eg)) from None
-            self.uploader.fence = fence
-        else:
-            await list_and_restore()
+        self.listing = await retry_transient(lambda: list_store(self.store, self.roots), "list", deadline)
+        result = await restore(self.store, self.roots, self.listing, mode=self.settings.restore,
+                               concurrency=self.settings.concurrency)
         self.health.restore = result
         return result
+
+    async def _claim(self, fence: Fence) -> None:
+        """Claim the store, retrying while it fails; our uploads wait for this."""
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                await fence.claim()
+                return
+            except Fenced as e:
+                log.error("fenced", detail=str(e))
+                metrics.FENCED.set(1)
+                self.uploader.fenced.set()
+                return
+            except StoreError as e:
+                log.warning("store_retry", op="claim", attempt=attempt, error=str(e))
+                await anyio.sleep(backoff(attempt))
 
     # -- phase 2: mirror ---------------------------------------------------------------------
     async def serve(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -115,6 +120,8 @@ class Daemon:
         from sidecar.watcher import watch  # imported here: ``run`` starts its child before this
 
         async with anyio.create_task_group() as tg:
+            if self.uploader.fence is not None:
+                tg.start_soon(self._claim, self.uploader.fence)
             await tg.start(self.uploader.run)
             self.health.workers_alive = True
             await tg.start(partial(watch, debounce_ms=self.settings.debounce_ms),

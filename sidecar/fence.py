@@ -5,9 +5,10 @@ The store holds an owner marker, ``.sidecar/owner``: ``{"generation": N, "owner"
 unix time}``, written with ``mtime_ns = N`` so the stores' own stale-write protection refuses a
 marker of a lower generation. Protocol:
 
-* **claim** (start-up): read the marker, write generation ``N+1``. If the previous owner's heartbeat
-  is recent, wait out its write window before the first write of ours (reads, restore and readiness
-  are not delayed, only our uploads).
+* **claim** (start-up, once the restore is done, beside the first reconcile): read the marker, write
+  generation ``N+1``. No write of ours happens before it. If the previous owner's heartbeat is
+  recent, wait out its write window before the first write of ours (reads, restore, the host's
+  start and readiness are not delayed, only our uploads).
 * **before writing**, at most once per ``window`` seconds: re-write the marker with our generation
   and a fresh heartbeat. If the store refuses it (a higher generation is there), we are fenced:
   nothing more is written, and the work stays pending for the operator to see.
@@ -47,6 +48,7 @@ class Fence:
         self.valid_until = 0.0  # monotonic time our last proof of ownership expires
         self.fenced: str | None = None
         self._lock = anyio.Lock()
+        self._claimed = anyio.Event()  # set when claim() has ended, claimed or fenced
 
     async def _read(self) -> dict:
         try:
@@ -68,7 +70,9 @@ class Fence:
         previous = int(current.get("generation", 0))
         self.generation = previous + 1
         if not await self._write(self.generation):
-            raise Fenced("another sidecar claimed this store prefix at the same moment")
+            self.fenced = "another sidecar claimed this store prefix at the same moment"
+            self._claimed.set()
+            raise Fenced(self.fenced)
         now = time.monotonic()
         self.valid_until = now + self.window
         beat = float(current.get("heartbeat", 0))
@@ -78,6 +82,7 @@ class Fence:
             log.warning("fence_wait", seconds=round(wait, 1), previous_generation=previous,
                         detail="a previous sidecar wrote recently; our uploads wait out its write window")
         log.info("fence_claimed", generation=self.generation)
+        self._claimed.set()
 
     async def release(self) -> None:
         """On a clean exit: keep the generation, clear the heartbeat, so a successor need not wait."""
@@ -88,6 +93,8 @@ class Fence:
 
     async def before_write(self) -> None:
         """Wait until we may write and prove we still own the prefix; raises :class:`Fenced`."""
+        if not self._claimed.is_set():
+            await self._claimed.wait()
         if self.fenced:
             raise Fenced(self.fenced)
         now = time.monotonic()

@@ -383,6 +383,7 @@ class AzureBlobStore:
         # ETag to make the next put conditional on, and the version stamp (mtime_ns) behind it.
         self._seen: dict[str, ObjectInfo] = {}
         self._opened = False
+        self._first_page: bytes | None = None  # open()'s listing page, for the first list()
         self._closed = False
 
     @classmethod
@@ -539,13 +540,12 @@ class AzureBlobStore:
 
     # -- interface -----------------------------------------------------------------------------
     async def open(self) -> None:
-        """Check the credentials and the container (one list request); create it when missing."""
-        query = [("restype", "container"), ("comp", "list"), ("maxresults", "1")]
-        if self._name_prefix:
-            query.append(("prefix", self._name_prefix))
+        """Check the credentials and the container with one list request, the first page of the
+        listing a start-up makes next (kept for that :meth:`list`, so it costs no extra round
+        trip); create the container when missing."""
         try:
             try:
-                await self._api.request("GET", self._container_path, query)
+                self._first_page = await self._list_page(self._name_prefix, "")
             except blobapi.HttpError as e:
                 if (e.status, e.code) != (404, "ContainerNotFound"):
                     raise
@@ -568,6 +568,7 @@ class AzureBlobStore:
         go backwards, whichever writer (or store object) finishes first.
         """
         name = self._name(key)
+        self._first_page = None  # a listing from before this write must not be served after it
         metadata = {META_SHA256: meta.sha256, META_MTIME: str(meta.mtime_ns), META_MODE: format(meta.mode & 0o7777, "o")}
         seen = self._seen.get(name)
         if seen is not None and seen.sha256 is not None and seen.mtime_ns > meta.mtime_ns:
@@ -634,7 +635,10 @@ class AzureBlobStore:
         marker = ""
         while True:
             try:
-                body = await self._list_page(start, marker)
+                if not marker and not prefix and self._first_page is not None:
+                    body, self._first_page = self._first_page, None  # fetched by open() just before
+                else:
+                    body = await self._list_page(start, marker)
             except (blobapi.HttpError, blobapi.ConnectionFailure, blobapi.CredentialFailure) as e:
                 raise self._error(e, f"listing {prefix!r}") from None
             try:
@@ -666,6 +670,7 @@ class AzureBlobStore:
 
     async def delete(self, key: str) -> None:
         name = self._name(key)
+        self._first_page = None
         try:
             await self._api.request("DELETE", self._blob_path(name), headers={"x-ms-delete-snapshots": "include"},
                                     expect=(202,))

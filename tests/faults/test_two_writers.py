@@ -69,3 +69,52 @@ def _azure_tree(endpoint, container_url: str) -> dict[str, bytes]:
             return out
 
     return asyncio.run(go())
+
+
+def test_losing_a_simultaneous_claim_fences_us_before_any_write(tmp_path):
+    """Two sidecars claiming at the same moment: the one whose generation is not the highest
+    writes nothing, says so (health ``fenced``), and the host it wraps goes on running."""
+    import anyio
+
+    from sidecar.config import load
+    from sidecar.daemon import Daemon
+    from sidecar.fence import OWNER_KEY
+    from sidecar.store import make_store
+    from sidecar.store.base import ObjectMeta
+
+    work = tmp_path / "work"
+    write_atomic(work / ".checkpoints" / "c" / "mine.json", b"mine")
+    settings, roots = load({"store": str(tmp_path / "store"), "roots": str(work / ".checkpoints"),
+                            "reconcile_interval": 0}, cwd=str(work))
+    store = make_store(settings.store)
+
+    class RacedStore(type(store)):
+        """Shows our claim the marker as it was just before another sidecar claimed generation 5."""
+
+        async def get(self, key):
+            if key == OWNER_KEY:
+                from sidecar.store.base import NotFound
+                raise NotFound(key)
+            return await super().get(key)
+
+    store.__class__ = RacedStore
+
+    async def main():
+        await store.open()
+        marker = b'{"generation": 5, "owner": "other", "heartbeat": 0}'
+        await store.put(OWNER_KEY, marker, ObjectMeta.of(marker, 5, 0o600))
+        daemon = Daemon(settings, roots, store)
+        await daemon.prepare()
+        async with anyio.create_task_group() as tg:
+            await tg.start(daemon.serve)
+            with anyio.fail_after(10):
+                await daemon.uploader.fenced.wait()
+                while daemon.health.phase != "fenced":
+                    await anyio.sleep(0.01)
+            assert daemon.uploader.pending_keys() == {".checkpoints/c/mine.json"}  # kept, not written
+            tg.cancel_scope.cancel()
+        assert [i.key async for i in store.list()] == [OWNER_KEY]
+        assert "same moment" in daemon.health.reason
+        await store.aclose()
+
+    anyio.run(main)

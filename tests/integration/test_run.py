@@ -6,7 +6,7 @@ import os
 import signal
 import sys
 
-from support import Sidecar, run_cli, store_tree, wait_for
+from support import Sidecar, json_lines, run_cli, store_tree, wait_for
 
 
 def test_child_exit_code_is_passed_through(work):
@@ -36,6 +36,23 @@ def test_failed_restore_never_starts_the_command(work):
     r = run_cli("run", "--store", str(blocker / "s"), "--", "touch", str(marker), cwd=work)
     assert r.returncode == 1 and "cannot reach the store" in r.stderr
     assert not marker.exists()
+
+
+def test_the_store_is_claimed_after_the_restore_and_before_our_first_write(work):
+    """The fence claim (two store requests) is kept off the host's start: it comes after the
+    restore and the spawn, and no upload happens before it."""
+    work, store = work
+    write = ("import os\nos.makedirs('.checkpoints/c', exist_ok=True)\n"
+             "open('.checkpoints/c/a.json', 'w').write('a')\n")
+    for _round in range(2):  # the second start restores a.json first
+        r = run_cli("run", "--store", str(store), "--log-level", "debug", "--", sys.executable, "-c", write, cwd=work)
+        assert r.returncode == 0, r.stderr
+        order = [e["event"] for e in json_lines(r.stderr)
+                 if e.get("event") in ("restore_done", "child_started", "fence_claimed", "uploaded")]
+        assert order == ["restore_done", "child_started", "fence_claimed", "uploaded"], order
+        os.unlink(work / ".checkpoints" / "c" / "a.json")  # fresh compute for the next round
+        os.rmdir(work / ".checkpoints" / "c")
+    assert store_tree(store) == {"c/a.json": b"a"}
 
 
 def test_missing_command_and_bad_config(work):

@@ -532,6 +532,26 @@ async def test_steady_state_costs_one_request(azure_stores):
 
 
 @pytest.mark.azure
+async def test_start_up_lists_once_and_never_serves_a_listing_older_than_our_writes(azure_stores):
+    """open() checks the container with the listing's first page, which the next list() uses
+    instead of asking again; any write of ours in between makes list() ask again."""
+    seed = await azure_stores("p")
+    for i in range(3):
+        await seed.put(f"r/f{i}", b"x", meta(b"x", 1))
+    counter = RequestCounter()
+    store = await azure_stores("p", request_hook=counter)  # opened
+    assert [i.key async for i in store.list()] == ["r/f0", "r/f1", "r/f2"]
+    assert counter.requests == [f"GET {azure_stores.container}"]  # the open; list() asked nothing
+    assert len([i async for i in store.list()]) == 3 and len(counter.requests) == 2  # later lists ask
+
+    fresh = await azure_stores("p", request_hook=counter)
+    await fresh.put("r/new", b"n", meta(b"n", 2))
+    await fresh.delete("r/f0")
+    assert [i.key async for i in fresh.list()] == ["r/f1", "r/f2", "r/new"]
+    assert [i.key async for i in fresh.list("r/f")] == ["r/f1", "r/f2"]  # a prefix is its own listing
+
+
+@pytest.mark.azure
 async def test_blob_deleted_behind_our_back_is_written_again(azure_stores):
     store = await azure_stores("del")
     other = await azure_stores("del")
