@@ -11,8 +11,9 @@ Data flow (top-down)::
 from __future__ import annotations
 
 import time
-from functools import partial
 from dataclasses import dataclass
+from functools import cached_property, partial
+from typing import TYPE_CHECKING
 
 import anyio
 import anyio.to_thread
@@ -23,11 +24,13 @@ from sidecar.config import Settings
 from sidecar.localfs import LocalStat, restore_cut_short, scan_root
 from sidecar.paths import IgnoreRules, Root
 from sidecar.plan import plan_reconcile
-from sidecar.fence import Fence, Fenced
 from sidecar.snapshot import bundle_key
 from sidecar.restorer import Listing, RestoreResult, list_store, restore
 from sidecar.store.base import Store, StoreError, TransientStoreError
-from sidecar.uploader import Uploader, backoff
+
+if TYPE_CHECKING:
+    from sidecar.fence import Fence
+    from sidecar.uploader import Uploader
 
 #: How long start-up keeps retrying a store that answers with transient errors before giving up.
 STARTUP_RETRY_SECONDS = 10.0
@@ -58,11 +61,8 @@ class Daemon:
         self.roots = roots
         self.store = store
         self.ignore = IgnoreRules(settings.ignore)
-        self.uploader = Uploader(
-            store, roots, self.ignore, concurrency=settings.concurrency, max_file_size=settings.max_file_size,
-            snapshot_roots={r.name for r in roots} if settings.snapshot_commits() else set(),
-        )
         self.health = Health()
+        self._claim_store = False  # set by prepare(claim=True): serve() claims before any write
         self.listing: Listing | None = None
         #: roots that were empty at start and not restored: their stored copy must not be deleted
         self.protected: set[str] = set()
@@ -70,17 +70,25 @@ class Daemon:
         #: fragment of the stored state, so their stored files are never deleted
         self.incomplete: set[str] = set()
 
+    @cached_property
+    def uploader(self) -> Uploader:
+        """Made (and imported) on first use, which is after the restore: ``run`` starts its
+        child without paying for what only mirroring needs."""
+        from sidecar.uploader import Uploader
+
+        s = self.settings
+        return Uploader(self.store, self.roots, self.ignore, concurrency=s.concurrency, max_file_size=s.max_file_size,
+                        snapshot_roots={r.name for r in self.roots} if s.snapshot_commits() else set())
+
     # -- phase 1: restore --------------------------------------------------------------------
     async def prepare(self, claim: bool = True) -> RestoreResult | None:
         """Open the store, list it once and restore by the rule. With ``claim``, :meth:`serve`
-        then claims the store (fencing off an older writer) before our first write. Raises
+        then claims the store (fencing off an older writer) before our first write: the claim
+        gates only our own writes (an older writer may still finish its current window meanwhile,
+        see fence.py), so it delays neither the restore nor the host's start. Raises
         StoreError/RestoreError."""
         self.health.set("restoring", "restoring state from the store")
-        if claim:
-            # Made now, claimed in serve(): the claim gates only our own writes (an older writer
-            # may still finish its current window meanwhile, see fence.py), so it neither delays
-            # the restore (two more requests to the store) nor the host's start.
-            self.uploader.fence = Fence(self.store, self.settings.fence_window, self.settings.fence_margin)
+        self._claim_store = claim
         deadline = time.monotonic() + STARTUP_RETRY_SECONDS
         await retry_transient(self.store.open, "open", deadline)
         self.listing = await retry_transient(lambda: list_store(self.store, self.roots), "list", deadline)
@@ -91,6 +99,9 @@ class Daemon:
 
     async def _claim(self, fence: Fence) -> None:
         """Claim the store, retrying while it fails; our uploads wait for this."""
+        from sidecar.fence import Fenced
+        from sidecar.uploader import backoff
+
         attempt = 0
         while True:
             attempt += 1
@@ -120,7 +131,10 @@ class Daemon:
         from sidecar.watcher import watch  # imported here: ``run`` starts its child before this
 
         async with anyio.create_task_group() as tg:
-            if self.uploader.fence is not None:
+            if self._claim_store:
+                from sidecar.fence import Fence
+
+                self.uploader.fence = Fence(self.store, self.settings.fence_window, self.settings.fence_margin)
                 tg.start_soon(self._claim, self.uploader.fence)
             await tg.start(self.uploader.run)
             self.health.workers_alive = True
@@ -273,7 +287,10 @@ async def retry_transient(fn, what: str, deadline: float):
         try:
             return await fn()
         except StoreError as e:
-            if not isinstance(e, TransientStoreError) or time.monotonic() + backoff(attempt) > deadline:
+            from sidecar.uploader import backoff
+
+            delay = backoff(attempt)
+            if not isinstance(e, TransientStoreError) or time.monotonic() + delay > deadline:
                 raise
             log.warning("store_retry", op=what, attempt=attempt, error=str(e))
-            await anyio.sleep(backoff(attempt))
+            await anyio.sleep(delay)
