@@ -21,7 +21,7 @@ from typing import Any
 import anyio
 
 from sidecar import __version__, log
-from sidecar.config import ConfigError, Settings, load
+from sidecar.config import ConfigError, Settings, load, unknown_variables
 from sidecar.lifecycle import Shutdown, handle_signals
 from sidecar.paths import Root
 
@@ -136,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"checkpoint-sidecar: config error: {log.redact(problem)}", file=sys.stderr)
         return EXIT_CONFIG
     log.setup(settings.log_level, settings.log_format)
+    for name in unknown_variables():
+        log.warning("unknown_setting", variable=name, detail="not a checkpoint-sidecar setting: ignored (a typo?)")
     logging.getLogger("azure").setLevel(logging.WARNING)  # the SDK logs every request at INFO
 
     if args.command == "run":

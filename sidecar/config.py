@@ -204,6 +204,14 @@ def _settings(overrides: dict[str, Any], env: dict[str, str], problems: list[str
     return None if problems else Settings(**values)
 
 
+def unknown_variables(env: dict[str, str] | None = None) -> list[str]:
+    """``SIDECAR_*`` variables that name no setting (a typo such as ``SIDECAR_STOR``): ignored,
+    and worth a warning."""
+    env = os.environ if env is None else env
+    known = {ENV_PREFIX + f.name.upper() for f in fields(Settings)}
+    return sorted(k for k in env if k.upper().startswith(ENV_PREFIX) and k.upper() not in known)
+
+
 def load(overrides: dict[str, object] | None = None, cwd: str | None = None,
          env: dict[str, str] | None = None) -> tuple[Settings, list[Root]]:
     """Settings from the environment with ``overrides`` (CLI flags) on top, fully validated.

@@ -104,3 +104,10 @@ def test_every_setting_has_a_flag_and_a_documented_variable():
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     assert [n for n in names if f"SIDECAR_{n.upper()}" not in readme] == []
     assert all(f.metadata["help"] for f in fields(Settings))
+
+
+def test_unknown_sidecar_variables_are_named():
+    from sidecar.config import unknown_variables
+
+    env = {"SIDECAR_STOR": "x", "sidecar_prefix": "p", "SIDECAR_STORE": "y", "OTHER": "z"}
+    assert unknown_variables(env) == ["SIDECAR_STOR"]
