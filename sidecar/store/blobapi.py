@@ -1,11 +1,11 @@
-"""The Blob service REST calls the Azure store makes, on one ``httpcore`` connection pool.
+"""The Blob service REST calls the Azure store makes, on one pool of HTTP/1.1 connections.
 
 Why not ``azure-storage-blob`` at run time: the store needs seven operations (List Blobs, Get
 Blob, Get Blob Properties, Put Blob, Delete Blob, Create Container and nothing else), and importing
 the SDK with its ``aiohttp`` transport cost 300 ms before a restore could start, 30 MiB of a
 sidecar's resident memory and about 1.8 ms of client CPU per request (its generic pipeline and
-deserialisers). ``httpcore`` (the connection layer under httpx) costs 20 ms and 1 MiB. The SDK
-stays the reference client of the test suite: every test reads and writes the same container with
+deserialisers). Requests go over :mod:`sidecar.store.http11` connections. The SDK stays the
+reference client of the test suite: every test reads and writes the same container with
 it (``tests/store``, ``tests/faults``), so a signature, header or metadata mismatch fails there.
 
 This module is mechanism only: requests signed for one of three authorisations (Shared Key,
@@ -32,7 +32,8 @@ from typing import Any, Callable, Iterable, Sequence
 from urllib.parse import quote, unquote
 
 import anyio
-import httpcore
+
+from sidecar.store import http11
 
 #: The REST API version every request asks for (supported by Azure and by Azurite 3.35).
 API_VERSION = "2021-12-02"
@@ -149,19 +150,12 @@ class BearerToken:
 # -- the client ------------------------------------------------------------------------------------
 
 
-#: What a request on a kept-alive connection that the server has just closed fails with.
-STALE_CONNECTION_ERRORS = (httpcore.RemoteProtocolError, httpcore.ReadError, httpcore.WriteError)
-
-
 class _Pool:
-    """Keep-alive HTTP/1.1 connections (``httpcore.AsyncHTTPConnection``) to one origin, at most
-    ``size`` in use at once, the most recently used first.
-
-    httpcore's own ``AsyncConnectionPool`` re-examines every connection, polling its socket, on
-    each request and response: with 16-32 requests in flight that cost more CPU than the requests
-    themselves (profiled: half of a restore's client CPU). One origin and one request per
-    connection need none of that.
-    """
+    """Keep-alive HTTP/1.1 connections (:class:`http11.Connection`) to one origin, at most
+    ``size`` in use at once, the most recently used first. A connection the server closed while
+    idle is known closed (the event loop tells it) and skipped; one found closed only when a
+    request is sent on it (:class:`http11.StaleConnection`: no byte of an answer came) is
+    replaced at once, not counted as a failure."""
 
     def __init__(self, base_url: str, size: int, keepalive: float = 30.0) -> None:
         scheme, _, hostport = base_url.partition("://")
@@ -172,55 +166,42 @@ class _Pool:
         elif ":" in hostport:
             host, _, p = hostport.rpartition(":")
             port = int(p)
-        self._origin = httpcore.Origin(scheme.encode(), host.encode("idna"), port or (443 if scheme == "https" else 80))
+        self._host, self._port = host, port or (443 if scheme == "https" else 80)
+        self.host_header = hostport  # as in the URL: host[:port]
         self._ssl = ssl.create_default_context() if scheme == "https" else None
         self._keepalive = keepalive
         self._slots = anyio.Semaphore(size)
-        self._idle: list[httpcore.AsyncHTTPConnection] = []
+        self._idle: list[http11.Connection] = []
 
-    async def request(self, method: str, url: str, **kw: Any) -> httpcore.Response:
+    async def request(self, method: str, target: str, headers: list[tuple[str, str]], body: bytes,
+                      connect_timeout: float, read_timeout: float) -> tuple[int, dict[str, str], bytes]:
         async with self._slots:
             while True:
                 conn = None
+                now = time.monotonic()
                 while self._idle:
                     candidate = self._idle.pop()
-                    if candidate.is_available() and not candidate.has_expired():
+                    if candidate.reusable and now - candidate.idle_since < self._keepalive:
                         conn = candidate
                         break
-                    await _close(candidate)
+                    candidate.close()
                 reused = conn is not None
                 if conn is None:
-                    conn = httpcore.AsyncHTTPConnection(self._origin, ssl_context=self._ssl, keepalive_expiry=self._keepalive)
+                    conn = await http11.Connection.open(self._host, self._port, self._ssl, connect_timeout)
                 try:
-                    response = await conn.request(method, url, **kw)
-                except STALE_CONNECTION_ERRORS:
-                    await _close(conn)
+                    answer = await conn.request(method, target, self.host_header, headers, body, read_timeout)
+                except http11.StaleConnection:
                     if reused:
-                        # The server closed this idle connection as we sent (a load balancer's
-                        # idle timeout): not a failure of the request; at once, on a new one.
-                        continue
+                        continue  # closed by the server as we sent (an idle timeout): at once, anew
                     raise
-                except BaseException:
-                    await _close(conn)
-                    raise
-                if conn.is_idle():
+                if conn.reusable:
                     self._idle.append(conn)
-                else:
-                    await _close(conn)
-                return response
+                return answer
 
     async def aclose(self) -> None:
         idle, self._idle = self._idle, []
         for conn in idle:
-            await _close(conn)
-
-
-async def _close(conn: httpcore.AsyncHTTPConnection) -> None:
-    with anyio.CancelScope(shield=True):
-        try:
-            await conn.aclose()
-        except Exception:
-            pass
+            conn.close()
 
 
 def backoff(attempt: int, base: float) -> float:
@@ -242,7 +223,7 @@ def _connection_kind(e: BaseException) -> str:
         return "dns"
     if any(isinstance(c, ConnectionRefusedError) for c in chain):
         return "refused"
-    if any(isinstance(c, (TimeoutError, httpcore.TimeoutException)) for c in chain):
+    if any(isinstance(c, TimeoutError) for c in chain):
         return "timeout"
     text = " ".join(str(c) for c in chain).lower()
     if "name or service not known" in text or "temporary failure in name resolution" in text:
@@ -265,8 +246,7 @@ class BlobApi:
                  read_timeout: float = 60, hook: Callable[[str, str], None] | None = None) -> None:
         self.base_url, self.base_path, self.auth = base_url.rstrip("/"), base_path.rstrip("/"), auth
         self.retry_total, self.retry_backoff = retry_total, retry_backoff
-        self._timeouts = {"connect": connection_timeout, "read": read_timeout, "write": read_timeout,
-                          "pool": read_timeout}
+        self._connect_timeout, self._read_timeout = connection_timeout, read_timeout
         self._hook = hook  # tests: called with (method, path) for every request sent
         self._pool = _Pool(self.base_url, max_connections)
 
@@ -286,9 +266,7 @@ class BlobApi:
         while True:
             try:
                 response = await self._send(method, path, list(query), dict(headers or {}), body)
-            except httpcore.UnsupportedProtocol as e:
-                raise ConnectionFailure("failed", str(e)) from None
-            except (httpcore.NetworkError, httpcore.TimeoutException, httpcore.ProtocolError, OSError) as e:
+            except (http11.ProtocolError, TimeoutError, OSError) as e:
                 failure = ConnectionFailure(_connection_kind(e), type(e).__name__)
                 if failure.kind == "tls" or attempt >= self.retry_total:
                     raise failure from None
@@ -308,15 +286,14 @@ class BlobApi:
         if body or method in ("PUT", "POST"):
             headers["Content-Length"] = str(len(body))
         await self.auth.apply(method, path, query, headers)
-        url = self.base_url + path
+        target = path
         if query:
-            url += "?" + "&".join(f"{k}={quote(v, safe='')}" for k, v in query)
+            target += "?" + "&".join(f"{k}={quote(v, safe='')}" for k, v in query)
         if self._hook is not None:
             self._hook(method, path)
-        r = await self._pool.request(method, url, headers=list(headers.items()), content=body or None,
-                                     extensions={"timeout": self._timeouts})
-        return Response(r.status, {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in r.headers},
-                        b"" if method == "HEAD" else r.content)
+        status, fields, data = await self._pool.request(method, target, list(headers.items()), body,
+                                                        self._connect_timeout, self._read_timeout)
+        return Response(status, fields, data)
 
     async def aclose(self) -> None:
         await self._pool.aclose()

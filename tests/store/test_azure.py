@@ -241,15 +241,13 @@ async def test_error_classification(make_error, opened, transient, words):
         await store.aclose()
 
 
-@pytest.mark.parametrize("make, kind", [
-    (lambda: __import__("httpcore").ConnectError("x").with_traceback(None), "failed"),
-    (lambda: _chained(__import__("httpcore").ConnectError("[Errno -2] Name or service not known"),
-                      socket.gaierror(-2, "Name or service not known")), "dns"),
-    (lambda: _chained(__import__("httpcore").ConnectError("[Errno 111] Connection refused"),
-                      ConnectionRefusedError(111, "Connection refused")), "refused"),
-    (lambda: __import__("httpcore").ReadTimeout("timed out"), "timeout"),
-    (lambda: _chained(__import__("httpcore").ConnectError("bad cert"),
-                      __import__("ssl").SSLCertVerificationError("bad cert")), "tls"),
+@pytest.mark.parametrize("make, kind", [  # what connecting and reading raise (http11, asyncio)
+    (lambda: __import__("sidecar.store.http11").store.http11.ProtocolError("connection closed"), "failed"),
+    (lambda: socket.gaierror(-2, "Name or service not known"), "dns"),
+    (lambda: ConnectionRefusedError(111, "Connection refused"), "refused"),
+    (lambda: TimeoutError("no data from the server within the read timeout"), "timeout"),
+    (lambda: __import__("ssl").SSLCertVerificationError("bad cert"), "tls"),
+    (lambda: _chained(OSError("wrapped"), __import__("ssl").SSLCertVerificationError("bad cert")), "tls"),
 ])
 def test_connection_failures_are_told_apart(make, kind):
     assert blobapi._connection_kind(make()) == kind

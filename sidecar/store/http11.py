@@ -1,0 +1,242 @@
+"""A small HTTP/1.1 client connection on an asyncio protocol: the transport under the Azure store.
+
+The store sends a handful of request shapes to one origin, one request at a time per connection,
+and reads whole bodies into memory. For that, the layers of a general client (``httpcore`` on
+``h11`` on anyio streams) cost about half of a restore's client CPU: an event object per header,
+a header-validation regex per line, and an anyio cancel scope around every socket read (profiled
+in ``bench/RESULTS.md``). This module does only what the store needs, and checks what it reads:
+
+* requests: ``METHOD target HTTP/1.1`` with ``Host`` and the caller's headers (no CR/LF allowed in
+  any of them), the body written at once (asyncio's write buffer applies flow control);
+* responses: status line and headers up to 64 KiB, bodies by ``Content-Length``, ``chunked`` or
+  (without either) up to the end of the connection; none for ``HEAD``, 1xx, 204 and 304; interim
+  1xx responses skipped;
+* keep-alive unless ``Connection: close``, HTTP/1.0, a body read to the end of the connection, or
+  anything unexpected; a server closing an idle connection is noticed by the event loop at once;
+* an inactivity timeout: no byte received (and no write progress) for ``read_timeout`` seconds.
+
+Errors: :class:`ProtocolError` for a malformed or cut-short answer, :class:`StaleConnection` when
+a kept-alive connection is found closed (no byte of the answer came: the request can be sent
+again on a new connection), ``TimeoutError``, and ``OSError`` / ``ssl.SSLError`` from connecting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import time
+from typing import Sequence
+
+MAX_HEAD = 64 * 1024
+_NO_BODY_STATUS = frozenset({204, 304})
+
+
+class ProtocolError(Exception):
+    """The server's answer was malformed, or the connection ended in the middle of it."""
+
+
+class StaleConnection(ProtocolError):
+    """A reused connection was closed before any byte of the answer came."""
+
+
+class Connection(asyncio.Protocol):
+    """One keep-alive HTTP/1.1 connection. Use :meth:`open`, then :meth:`request` (one at a time)."""
+
+    def __init__(self) -> None:
+        self._transport: asyncio.Transport | None = None
+        self._buf = bytearray()
+        self._eof = False
+        self._lost: BaseException | None = None
+        self._closed = False
+        self._waiter: asyncio.Future[None] | None = None
+        self._paused = False
+        self.requests = 0
+        self.idle_since = time.monotonic()
+
+    # -- asyncio.Protocol ------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self._buf += data
+        self._wake()
+
+    def eof_received(self) -> bool:
+        self._eof = True
+        self._wake()
+        return False  # close the transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closed = True
+        self._eof = True
+        self._lost = exc
+        self._wake()
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        self._wake()  # write progress counts as activity for the inactivity timeout
+
+    def _wake(self) -> None:
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    # -- use ----------------------------------------------------------------------------------------
+    @classmethod
+    async def open(cls, host: str, port: int, ssl_context: ssl.SSLContext | None, timeout: float) -> "Connection":
+        loop = asyncio.get_running_loop()
+        kw = {"ssl": ssl_context, "server_hostname": host, "ssl_handshake_timeout": timeout} if ssl_context else {}
+        _transport, conn = await asyncio.wait_for(loop.create_connection(cls, host, port, **kw), timeout)
+        return conn
+
+    @property
+    def reusable(self) -> bool:
+        """Open, idle, and nothing unexpected pending on it."""
+        return not self._closed and not self._eof and not self._buf and self._transport is not None
+
+    def close(self) -> None:
+        self._closed = True
+        if self._transport is not None:
+            self._transport.close()
+
+    async def _wait(self, timeout: float) -> None:
+        """Until something happens on the connection; TimeoutError after ``timeout`` s of nothing."""
+        loop = asyncio.get_running_loop()
+        fut = self._waiter = loop.create_future()
+        handle = loop.call_later(timeout, _expire, fut)
+        try:
+            await fut
+        finally:
+            handle.cancel()
+            self._waiter = None
+
+    async def request(self, method: str, target: str, host: str, headers: Sequence[tuple[str, str]],
+                      body: bytes, read_timeout: float) -> tuple[int, dict[str, str], bytes]:
+        """Send one request and read its whole answer: ``(status, headers, body)``, header names
+        lower-cased (a repeated header keeps its last value)."""
+        if self._transport is None or self._closed:
+            raise StaleConnection("connection closed")
+        reused = self.requests > 0
+        self.requests += 1
+        lines = [f"{method} {target} HTTP/1.1", f"Host: {host}"]
+        if body and not any(name.lower() == "content-length" for name, _ in headers):
+            lines.append(f"Content-Length: {len(body)}")
+        for name, value in headers:
+            if "\r" in value or "\n" in value or "\r" in name or "\n" in name or ":" in name:
+                raise ValueError(f"header {name!r} cannot be sent: it holds a line break")
+            lines.append(f"{name}: {value}")
+        head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        if body and len(body) < 65536:
+            self._transport.write(head + body)
+        else:
+            self._transport.write(head)
+            if body:
+                self._transport.write(body)
+        try:
+            status, fields, length, chunked, keep = await self._read_head(method, read_timeout, reused)
+            if length is not None:
+                data = await self._read_exact(length, read_timeout)
+            elif chunked:
+                data = await self._read_chunked(read_timeout)
+            elif method == "HEAD" or status in _NO_BODY_STATUS:
+                data = b""
+            else:  # no length: the body ends with the connection
+                while not self._eof:
+                    await self._wait(read_timeout)
+                data, keep = bytes(self._buf), False
+                self._buf.clear()
+        except BaseException:
+            self.close()
+            raise
+        if not keep or self._buf:  # extra bytes after the answer: never trust this connection again
+            self.close()
+        self.idle_since = time.monotonic()
+        return status, fields, data
+
+    async def _read_head(self, method: str, timeout: float, reused: bool):
+        while True:
+            end = self._buf.find(b"\r\n\r\n")
+            while end < 0:
+                if len(self._buf) > MAX_HEAD:
+                    raise ProtocolError("response headers larger than 64 KiB")
+                if self._eof:
+                    if not self._buf and reused:
+                        raise StaleConnection("the server closed the kept-alive connection")
+                    raise ProtocolError("connection closed before the response headers")
+                await self._wait(timeout)
+                end = self._buf.find(b"\r\n\r\n")
+            head = bytes(self._buf[:end]).decode("latin-1")
+            del self._buf[: end + 4]
+            status_line, _, rest = head.partition("\r\n")
+            version, _, tail = status_line.partition(" ")
+            code = tail[:3]
+            if not version.startswith("HTTP/1.") or not code.isdigit():
+                raise ProtocolError(f"not an HTTP/1.x status line: {status_line[:80]!r}")
+            status = int(code)
+            fields: dict[str, str] = {}
+            for line in rest.split("\r\n") if rest else ():
+                name, sep, value = line.partition(":")
+                if not sep or not name or name != name.strip():
+                    raise ProtocolError(f"malformed header line: {line[:80]!r}")
+                fields[name.lower()] = value.strip()
+            if 100 <= status < 200:
+                continue  # interim answer (100 Continue): the real one follows
+            keep = version == "HTTP/1.1" and "close" not in fields.get("connection", "").lower()
+            chunked = "chunked" in fields.get("transfer-encoding", "").lower()
+            length = None
+            if method == "HEAD" or status in _NO_BODY_STATUS:
+                length = 0
+            elif not chunked and "content-length" in fields:
+                raw = fields["content-length"]
+                if not raw.isdigit():
+                    raise ProtocolError(f"bad Content-Length {raw[:40]!r}")
+                length = int(raw)
+            return status, fields, length, chunked, keep
+
+    async def _read_exact(self, n: int, timeout: float) -> bytes:
+        while len(self._buf) < n:
+            if self._eof:
+                raise ProtocolError(f"connection closed after {len(self._buf)} of {n} body bytes")
+            await self._wait(timeout)
+        if len(self._buf) == n:
+            data = bytes(self._buf)
+            self._buf.clear()
+        else:
+            data = bytes(self._buf[:n])
+            del self._buf[:n]
+        return data
+
+    async def _read_line(self, timeout: float) -> bytes:
+        while (end := self._buf.find(b"\r\n")) < 0:
+            if self._eof:
+                raise ProtocolError("connection closed inside a chunked body")
+            if len(self._buf) > MAX_HEAD:
+                raise ProtocolError("chunk header too long")
+            await self._wait(timeout)
+        line = bytes(self._buf[:end])
+        del self._buf[: end + 2]
+        return line
+
+    async def _read_chunked(self, timeout: float) -> bytes:
+        parts = []
+        while True:
+            size_field = (await self._read_line(timeout)).split(b";", 1)[0].strip()
+            try:
+                size = int(size_field, 16)
+            except ValueError:
+                raise ProtocolError(f"bad chunk size {size_field[:20]!r}") from None
+            if size == 0:
+                while await self._read_line(timeout):  # trailers, up to the empty line
+                    pass
+                return b"".join(parts)
+            parts.append(await self._read_exact(size, timeout))
+            if await self._read_line(timeout):
+                raise ProtocolError("chunk not followed by CRLF")
+
+
+def _expire(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_exception(TimeoutError("no data from the server within the read timeout"))

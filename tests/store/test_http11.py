@@ -1,0 +1,246 @@
+"""http11.Connection against real (tiny) HTTP servers on 127.0.0.1 that answer with canned bytes:
+every framing the store may meet, and every way an answer can be wrong or cut short."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from sidecar.store import http11
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+class Canned:
+    """Answers the n-th request on a connection with ``answers[n]`` (bytes, or None to close
+    without answering); records the raw requests."""
+
+    def __init__(self, *answers: bytes | None, then_close: bool = False) -> None:
+        self.answers = answers
+        self.then_close = then_close
+        self.requests: list[bytes] = []
+        self.connections = 0
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            for answer in self.answers:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                               if line.lower().startswith(b"content-length:")), 0)
+                self.requests.append(head + (await reader.readexactly(length) if length else b""))
+                if answer is None:
+                    break
+                writer.write(answer)
+                await writer.drain()
+            if not self.then_close:
+                await reader.read()  # keep the connection open until the client closes it
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+
+async def serve(handler):
+    srv = await asyncio.start_server(handler.handle, "127.0.0.1", 0)
+    return srv, srv.sockets[0].getsockname()[1]
+
+
+async def one(answer: bytes, method: str = "GET", body: bytes = b"", timeout: float = 5.0, **kw):
+    server = Canned(answer, **kw)
+    srv, port = await serve(server)
+    conn = await http11.Connection.open("127.0.0.1", port, None, 5.0)
+    try:
+        result = await conn.request(method, "/c/b?x=1", f"127.0.0.1:{port}", [("x-ms-version", "1")], body, timeout)
+        return result, conn, server
+    finally:
+        conn.close()
+        srv.close()
+
+
+async def test_content_length_keep_alive_and_the_request_as_sent():
+    (status, headers, body), conn, server = await one(
+        b"HTTP/1.1 201 Created\r\nContent-Length: 5\r\nETag: \"0x1\"\r\nX-Ms-Meta-A: b\r\n\r\nhello", "PUT", b"data")
+    assert (status, body) == (201, b"hello")
+    assert headers["etag"] == '"0x1"' and headers["x-ms-meta-a"] == "b"
+    assert server.requests[0].startswith(b"PUT /c/b?x=1 HTTP/1.1\r\nHost: 127.0.0.1:")
+    assert b"\r\nx-ms-version: 1\r\n" in server.requests[0] and server.requests[0].endswith(b"\r\n\r\ndata")
+
+
+async def test_chunked_body_with_extensions_and_trailers():
+    answer = (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+              b"5;ext=1\r\nhello\r\n1\r\n \r\n5\r\nworld\r\n0\r\nTrailer: x\r\n\r\n")
+    (status, _, body), conn, _ = await one(answer)
+    assert (status, body) == (200, b"hello world")
+
+
+async def test_interim_100_is_skipped_and_head_has_no_body():
+    (status, _, body), _, _ = await one(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nabc")
+    assert (status, body) == (200, b"abc")
+    (status, headers, body), conn, _ = await one(b"HTTP/1.1 200 OK\r\nContent-Length: 1234\r\n\r\n", "HEAD")
+    assert (status, headers["content-length"], body) == (200, "1234", b"")
+    assert conn.reusable is False  # closed by one(); before that it was kept
+
+
+async def test_body_to_the_end_of_the_connection_is_not_kept_alive():
+    (status, _, body), conn, _ = await one(b"HTTP/1.1 200 OK\r\n\r\nuntil close", then_close=True)
+    assert (status, body) == (200, b"until close")
+
+
+@pytest.mark.parametrize("answer, words", [
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort", "5 of 10 body bytes"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhel", "closed"),
+    (b"HTTP/1.1 200 OK\r\nContent-Len", "before the response headers"),
+    (b"SSH-2.0-OpenSSH\r\n\r\n", "not an HTTP/1.x status line"),
+    (b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n", "malformed header line"),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n", "bad Content-Length"),
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "bad chunk size"),
+])
+async def test_malformed_or_cut_short_answers_are_protocol_errors(answer, words):
+    with pytest.raises(http11.ProtocolError, match=words) as e:
+        await one(answer, then_close=True)
+    assert not isinstance(e.value, http11.StaleConnection)  # a new connection: not "stale"
+
+
+async def test_silence_is_a_timeout_and_closes_the_connection():
+    server = Canned(None)  # reads the request, never answers, keeps the connection
+    srv, port = await serve(server)
+    conn = await http11.Connection.open("127.0.0.1", port, None, 5.0)
+    try:
+        with pytest.raises(TimeoutError):
+            await conn.request("GET", "/", "h", [], b"", 0.2)
+        assert not conn.reusable
+    finally:
+        conn.close()
+        srv.close()
+
+
+async def test_keep_alive_then_the_server_closing_an_idle_connection_is_noticed():
+    server = Canned(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\na", then_close=True)
+    srv, port = await serve(server)
+    conn = await http11.Connection.open("127.0.0.1", port, None, 5.0)
+    try:
+        assert (await conn.request("GET", "/", "h", [], b"", 5.0))[2] == b"a"
+        for _ in range(200):  # the server closes after its one answer; the loop reports it
+            if not conn.reusable:
+                break
+            await asyncio.sleep(0.01)
+        assert not conn.reusable
+        with pytest.raises(http11.StaleConnection):
+            await conn.request("GET", "/", "h", [], b"", 5.0)
+    finally:
+        conn.close()
+        srv.close()
+
+
+async def test_connection_close_and_extra_bytes_end_reuse():
+    (_, _, body), conn, _ = await one(b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 1\r\n\r\na")
+    assert body == b"a"
+    server = Canned(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\naEXTRA")
+    srv, port = await serve(server)
+    conn = await http11.Connection.open("127.0.0.1", port, None, 5.0)
+    try:
+        assert (await conn.request("GET", "/", "h", [], b"", 5.0))[2] == b"a"
+        assert not conn.reusable  # bytes nobody asked for: the connection is not trusted again
+    finally:
+        conn.close()
+        srv.close()
+
+
+async def test_a_header_with_a_line_break_is_never_sent():
+    server = Canned(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+    srv, port = await serve(server)
+    conn = await http11.Connection.open("127.0.0.1", port, None, 5.0)
+    try:
+        with pytest.raises(ValueError, match="line break"):
+            await conn.request("PUT", "/", "h", [("x-ms-meta-a", "v\r\nInjected: 1")], b"", 5.0)
+        assert server.requests == []
+    finally:
+        conn.close()
+        srv.close()
+
+
+async def test_large_bodies_both_ways():
+    payload = bytes(range(256)) * 40_000  # 10 MiB: written under flow control, read in pieces
+
+    class Echo(Canned):
+        async def handle(self, reader, writer):
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+            data = await reader.readexactly(length)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(data) + data)
+            await writer.drain()
+            await reader.read()
+            writer.close()
+
+    srv, port = await serve(Echo())
+    conn = await http11.Connection.open("127.0.0.1", port, None, 5.0)
+    try:
+        status, _, body = await conn.request("PUT", "/", "h", [("Content-Length", str(len(payload)))], payload, 5.0)
+        assert status == 200 and body == payload
+    finally:
+        conn.close()
+        srv.close()
+
+
+@pytest.fixture(scope="module")
+def tls_files(tmp_path_factory):
+    """A self-signed certificate for 127.0.0.1 (made with ``cryptography``, no network)."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(hours=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    d = tmp_path_factory.mktemp("tls")
+    (d / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (d / "key.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                  serialization.NoEncryption()))
+    return d / "cert.pem", d / "key.pem"
+
+
+async def test_https_verifies_the_server_and_carries_requests(tls_files):
+    import ssl
+
+    from sidecar.store import blobapi
+
+    cert, key = tls_files
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server_ctx.load_cert_chain(cert, key)
+    server = Canned(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+    srv = await asyncio.start_server(server.handle, "127.0.0.1", 0, ssl=server_ctx)
+    port = srv.sockets[0].getsockname()[1]
+    try:
+        trusting = ssl.create_default_context(cafile=str(cert))
+        conn = await http11.Connection.open("127.0.0.1", port, trusting, 5.0)
+        for _ in range(2):  # kept alive over TLS
+            assert (await conn.request("GET", "/", f"127.0.0.1:{port}", [], b"", 5.0))[2] == b"ok"
+        conn.close()
+        assert server.connections == 1
+        # The pool verifies against the system's CAs: a self-signed server is refused as "tls".
+        api = blobapi.BlobApi(f"https://127.0.0.1:{port}", "", blobapi.SasToken("sv=1&sig=x"), retry_total=0)
+        try:
+            with pytest.raises(blobapi.ConnectionFailure) as e:
+                await api.request("GET", "/c")
+            assert e.value.kind == "tls"
+        finally:
+            await api.aclose()
+    finally:
+        srv.close()
