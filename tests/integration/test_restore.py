@@ -157,3 +157,36 @@ def test_world_writable_modes_are_not_restored(work):
     seed(work, store, {".checkpoints/r/x.json": b"x"}, mode=0o666)
     assert run_cli("restore", "--store", str(store), cwd=work).returncode == 0
     assert stat.S_IMODE((work / ".checkpoints/r/x.json").stat().st_mode) == 0o664
+
+
+def test_a_large_restore_flushes_as_it_fills_and_ends_even_when_objects_vanish(tmp_path, monkeypatch):
+    """Past FLUSH_EVERY_BYTES the restored filesystem is flushed in the background as files land
+    (and once more at the end); the downloads ending, not a file count, ends that flushing, so an
+    object deleted between the listing and its download cannot leave the restore waiting."""
+    import sidecar.restorer as restorer_mod
+
+    monkeypatch.setattr(restorer_mod, "FLUSH_EVERY_BYTES", 64 * 1024)
+    flushes: list[str] = []
+    real_syncfs = restorer_mod.syncfs
+    monkeypatch.setattr(restorer_mod, "syncfs", lambda path: (flushes.append(path), real_syncfs(path)))
+    files = {f".checkpoints/c{i % 4}/{i}.json": os.urandom(32 * 1024) for i in range(40)}
+
+    class SlowStore(MemoryStore):
+        async def get(self, key):
+            await anyio.sleep(0.01)
+            return await super().get(key)
+
+    store = SlowStore(dict(files))
+    root = Root(".checkpoints", str(tmp_path / "w" / ".checkpoints"))
+
+    async def go():
+        listing = await list_store(store, [root])
+        del store.objects[".checkpoints/c1/5.json"]  # deleted after the listing
+        with anyio.fail_after(30):
+            return await restore(store, [root], listing, concurrency=2)
+
+    result = anyio.run(go)
+    assert result.files == 39
+    assert len(flushes) >= 3  # background flushes while filling, and the final one
+    expected = {f"w/{k}": v for k, v in files.items() if k != ".checkpoints/c1/5.json"}
+    assert disk_tree(tmp_path) == expected
