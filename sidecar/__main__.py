@@ -1,3 +1,3 @@
-from sidecar.cli import main
+from sidecar.cli import entry
 
-raise SystemExit(main())
+entry()
