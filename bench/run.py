@@ -66,8 +66,10 @@ def install_sidecar(where: Path) -> str:
     12 ms), and under this machine's ``PYTHONDONTWRITEBYTECODE=1`` a checkout has no bytecode."""
     subprocess.run([sys.executable, "-m", "venv", str(where)], check=True)
     python = str(where / "bin" / "python")
-    subprocess.run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check", "-c",
-                    str(REPO / "constraints.txt"), str(REPO)], check=True)
+    r = subprocess.run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check", "-c",
+                        str(REPO / "constraints.txt"), str(REPO)], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"bench: installing the sidecar failed:\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
     return python
 
 
