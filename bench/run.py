@@ -1,6 +1,6 @@
 """checkpoint-sidecar benchmarks, each measured side by side with its reference in one run.
 
-    .venv/bin/python bench/run.py            # full run (about 5 minutes)
+    .venv/bin/python bench/run.py            # full run (about 10 minutes)
     .venv/bin/python bench/run.py --quick    # smoke: small sizes, seconds (CI keeps it working)
     .venv/bin/python bench/run.py --only latency,burst
 
