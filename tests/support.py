@@ -68,6 +68,25 @@ def disk_tree(root: Path) -> dict[str, bytes]:
     return out
 
 
+def seed_directory_store(store: Path, files: dict[str, bytes], mtime_ns: int = 1_700_000_000_000_000_000) -> None:
+    """Put ``files`` (key → bytes) into the directory store at ``store``, as a sync would have."""
+    import anyio
+
+    from sidecar.store.base import ObjectMeta
+    from sidecar.store.directory import DirectoryStore
+
+    async def seed() -> None:
+        s = DirectoryStore(str(store))
+        await s.open()
+        try:
+            for key, data in files.items():
+                await s.put(key, data, ObjectMeta.of(data, mtime_ns, 0o600))
+        finally:
+            await s.aclose()
+
+    anyio.run(seed)
+
+
 def store_tree(store: Path, root_name: str = ".checkpoints") -> dict[str, bytes]:
     """What the directory store holds for one root, in the same shape as :func:`disk_tree`."""
     return disk_tree(store / root_name)

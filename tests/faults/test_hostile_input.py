@@ -23,7 +23,9 @@ import anyio
 import pytest
 from azure.storage.blob.aio import BlobServiceClient
 
-from support import Sidecar, disk_tree, json_lines, run_cli, sidecar_env, store_tree, wait_for, write_atomic
+from support import (
+    Sidecar, disk_tree, json_lines, run_cli, seed_directory_store, sidecar_env, store_tree, wait_for, write_atomic,
+)
 from sidecar.store.base import ObjectMeta
 from sidecar.store.directory import DirectoryStore
 from tests.faults.faultkit import events, metrics, new_target, start_with_http
@@ -266,14 +268,7 @@ def test_directory_store_holding_a_non_utf8_name_is_refused_on_restore(tmp_path)
 def test_disk_full_during_restore_is_one_clear_line_and_leaves_no_partial_file(tmp_path):
     store = tmp_path / "store"
     files = {f".checkpoints/ctx{i % 3}/{i:02}.json": os.urandom(256 * 1024) for i in range(16)}  # 4 MiB
-
-    async def seed() -> None:
-        s = DirectoryStore(str(store))
-        await s.open()
-        for key, data in files.items():
-            await s.put(key, data, ObjectMeta.of(data, 1_700_000_000_000_000_000, 0o600))
-
-    anyio.run(seed)
+    seed_directory_store(store, files)
     work = tmp_path / "work"
     target = work / ".checkpoints"
     target.mkdir(parents=True)

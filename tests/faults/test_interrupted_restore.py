@@ -11,12 +11,9 @@ from __future__ import annotations
 import os
 import signal
 
-import anyio
 import pytest
 
-from sidecar.store.base import ObjectMeta
-from sidecar.store.directory import DirectoryStore
-from support import Sidecar, disk_tree, run_cli, store_tree, wait_for
+from support import Sidecar, disk_tree, run_cli, seed_directory_store, store_tree, wait_for
 
 pytestmark = [pytest.mark.faults]
 
@@ -34,14 +31,7 @@ def _count_files(root) -> int:
 def seeded(tmp_path):
     store = tmp_path / "store"
     files = {f".checkpoints/ctx{i % 20}/{i:04}.json": os.urandom(64 * 1024) for i in range(FILES)}  # 94 MiB
-
-    async def seed() -> None:
-        s = DirectoryStore(str(store))
-        await s.open()
-        for key, data in files.items():
-            await s.put(key, data, ObjectMeta.of(data, 1_700_000_000_000_000_000, 0o600))
-
-    anyio.run(seed)
+    seed_directory_store(store, files)
     return store, {k.removeprefix(".checkpoints/"): v for k, v in files.items()}
 
 
