@@ -25,7 +25,6 @@ from sidecar import __version__, log
 from sidecar.config import ConfigError, Settings, load, unknown_variables
 from sidecar.lifecycle import Shutdown, handle_signals
 from sidecar.paths import Root
-from sidecar.store import store_kind
 
 EXIT_OK, EXIT_FAIL, EXIT_CONFIG, EXIT_PENDING = 0, 1, 2, 75
 
@@ -157,10 +156,6 @@ def main(argv: list[str] | None = None) -> int:
     log.setup(settings.log_level, settings.log_format)
     for name in unknown_variables():
         log.warning("unknown_setting", variable=name, detail="not a checkpoint-sidecar setting: ignored (a typo?)")
-    if args.command in ("restore", "sync", "run") and store_kind(settings.store) == "azure":
-        from sidecar.store import early
-
-        early.start(settings.store, settings.prefix)  # the first listing, while the rest imports
     logging.getLogger("azure").setLevel(logging.WARNING)  # the SDK logs every request at INFO
 
     if args.command == "run":

@@ -14,22 +14,29 @@ SAS, Azure AD bearer token), retried with jittered exponential backoff on what r
 :class:`HttpError` (the service answered) or :class:`ConnectionFailure` (it did not).
 :mod:`sidecar.store.azure` gives them meaning.
 
-Signing (Shared Key, SAS) lives in :mod:`sidecar.store.sign`.
+Shared Key follows "Authorize with Shared Key" in the Blob service REST reference (string to sign
+for version 2015-02-21 and later), exactly as the SDK's ``SharedKeyCredentialPolicy`` builds it.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import random
 import ssl
 import time
 from dataclasses import dataclass
+from email.utils import formatdate
 from typing import Any, Callable, Iterable, Sequence
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import anyio
 
 from sidecar.store import http11
-from sidecar.store.sign import API_VERSION, SasToken, SharedKey, request_target, standard_headers  # noqa: F401 (re-exported)
+
+#: The REST API version every request asks for (supported by Azure and by Azurite 3.35).
+API_VERSION = "2021-12-02"
 
 #: Statuses that retrying can fix.
 TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
@@ -69,6 +76,46 @@ class Response:
 
 
 # -- authorisation ---------------------------------------------------------------------------------
+
+
+class SharedKey:
+    """``Authorization: SharedKey <account>:<HMAC-SHA256 of the canonical request>``."""
+
+    def __init__(self, account: str, key: str) -> None:
+        try:
+            self._key = base64.b64decode(key, validate=True)
+        except ValueError:
+            raise ValueError("the account key is not valid base64") from None
+        self.account = account
+
+    def string_to_sign(self, method: str, path: str, query: Sequence[tuple[str, str]], headers: dict[str, str]) -> str:
+        h = {k.lower(): v for k, v in headers.items()}
+        length = h.get("content-length", "")
+        standard = [method, h.get("content-encoding", ""), h.get("content-language", ""),
+                    "" if length == "0" else length, h.get("content-md5", ""), h.get("content-type", ""),
+                    h.get("date", ""), h.get("if-modified-since", ""), h.get("if-match", ""),
+                    h.get("if-none-match", ""), h.get("if-unmodified-since", ""), h.get("range", "")]
+        canonical_headers = "".join(f"{k}:{h[k]}\n" for k in sorted(h) if k.startswith("x-ms-"))
+        # Query values here are the decoded values (they are percent-encoded only on the wire).
+        resource = f"/{self.account}{path}" + "".join(f"\n{k}:{v}" for k, v in sorted((k.lower(), v) for k, v in query))
+        return "\n".join(standard) + "\n" + canonical_headers + resource
+
+    def signature(self, text: str) -> str:
+        return base64.b64encode(hmac.new(self._key, text.encode("utf-8"), hashlib.sha256).digest()).decode()
+
+    async def apply(self, method: str, path: str, query: list[tuple[str, str]], headers: dict[str, str]) -> None:
+        sig = self.signature(self.string_to_sign(method, path, query, headers))
+        headers["Authorization"] = f"SharedKey {self.account}:{sig}"
+
+
+class SasToken:
+    """A shared access signature, sent as the query of every request."""
+
+    def __init__(self, token: str) -> None:
+        self.items = [(k, unquote(v)) for k, _, v in (p.partition("=") for p in token.lstrip("?").split("&") if p)]
+
+    async def apply(self, method: str, path: str, query: list[tuple[str, str]], headers: dict[str, str]) -> None:
+        query.extend(self.items)
 
 
 class BearerToken:
@@ -234,11 +281,14 @@ class BlobApi:
 
     async def _send(self, method: str, path: str, query: list[tuple[str, str]], headers: dict[str, str],
                     body: bytes) -> Response:
-        standard_headers(headers)
+        headers["x-ms-version"] = API_VERSION
+        headers["x-ms-date"] = formatdate(usegmt=True)
         if body or method in ("PUT", "POST"):
             headers["Content-Length"] = str(len(body))
         await self.auth.apply(method, path, query, headers)
-        target = request_target(path, query)
+        target = path
+        if query:
+            target += "?" + "&".join(f"{k}={quote(v, safe='')}" for k, v in query)
         if self._hook is not None:
             self._hook(method, path)
         status, fields, data = await self._pool.request(method, target, list(headers.items()), body,

@@ -550,45 +550,6 @@ async def test_start_up_lists_once_and_never_serves_a_listing_older_than_our_wri
 
 
 @pytest.mark.azure
-async def test_the_early_first_listing_is_used_only_for_the_same_store(azure_stores, azurite):
-    """``early.start`` (called by the command line before the event loop exists) sends open()'s
-    first request from a thread; open() uses its page for the same store, and for nothing else."""
-    from sidecar.store import early
-
-    seed = await azure_stores("p")
-    for i in range(3):
-        await seed.put(f"r/f{i}", b"x", meta(b"x", 1))
-    counter = RequestCounter()
-
-    early.start(azure_stores.url, "p", azurite.env())
-    store = await azure_stores("p", request_hook=counter, open=False)
-    await store.open()
-    assert [i.key async for i in store.list()] == ["r/f0", "r/f1", "r/f2"]
-    assert counter.requests == []  # neither open() nor list() had to ask
-
-    early.start(azure_stores.url, "other", azurite.env())  # another prefix: not this store's page
-    store = await azure_stores("p", request_hook=counter, open=False)
-    await store.open()
-    assert counter.requests == [f"GET {azure_stores.container}"]
-    assert early.take(("x", "y", "z")) is None  # taken at most once
-
-
-@pytest.mark.azure
-async def test_a_failed_early_listing_leaves_the_error_to_open(azure_stores, azurite):
-    from sidecar.store import early
-
-    wrong = azurite.connection_string.replace(azurite.key, base64.b64encode(b"k" * 64).decode())
-    early.start(azure_stores.url, "p", {"AZURE_STORAGE_CONNECTION_STRING": wrong})
-    store = await azure_stores("p", env={"AZURE_STORAGE_CONNECTION_STRING": wrong}, open=False)
-    with pytest.raises(StoreError) as e:
-        await store.open()  # the early 403 was dropped; open() asked itself and says why
-    assert "AZURE_STORAGE_CONNECTION_STRING" in str(e.value) and azurite.key not in str(e.value)
-
-    early.start("https://acct.blob.core.windows.net/c1", "", {})  # Azure AD: needs the event loop
-    assert early.take(("https://acct.blob.core.windows.net", "/c1", "")) is None
-
-
-@pytest.mark.azure
 async def test_blob_deleted_behind_our_back_is_written_again(azure_stores):
     store = await azure_stores("del")
     other = await azure_stores("del")
