@@ -126,7 +126,7 @@ class Connection(asyncio.Protocol):
             lines.append(f"Content-Length: {len(body)}")
         for name, value in headers:
             if "\r" in value or "\n" in value or "\r" in name or "\n" in name or ":" in name:
-                raise ValueError(f"header {name!r} cannot be sent: it holds a line break")
+                raise ValueError(f"header {name!r} cannot be sent: it holds a line break (or a colon in its name)")
             lines.append(f"{name}: {value}")
         head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
         if body and len(body) < 65536:
