@@ -191,8 +191,12 @@ class _Pool:
                 try:
                     answer = await conn.request(method, target, self.host_header, headers, body, read_timeout)
                 except http11.StaleConnection:
+                    conn.close()
                     if reused:
                         continue  # closed by the server as we sent (an idle timeout): at once, anew
+                    raise
+                except BaseException:
+                    conn.close()  # whatever happened, it is never pooled again
                     raise
                 if conn.reusable:
                     self._idle.append(conn)

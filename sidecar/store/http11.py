@@ -23,12 +23,15 @@ again on a new connection), ``TimeoutError``, and ``OSError`` / ``ssl.SSLError``
 from __future__ import annotations
 
 import asyncio
+import re
 import ssl
 import time
 from typing import Sequence
 
 MAX_HEAD = 64 * 1024
 _NO_BODY_STATUS = frozenset({204, 304})
+_DIGITS = re.compile(r"[0-9]+")
+_HEX = re.compile(rb"[0-9A-Fa-f]+")
 
 
 class ProtocolError(Exception):
@@ -49,7 +52,7 @@ class Connection(asyncio.Protocol):
         self._lost: BaseException | None = None
         self._closed = False
         self._waiter: asyncio.Future[None] | None = None
-        self._paused = False
+        self._received = 0  # bytes received since the current request was sent
         self.requests = 0
         self.idle_since = time.monotonic()
 
@@ -59,6 +62,7 @@ class Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._buf += data
+        self._received += len(data)
         self._wake()
 
     def eof_received(self) -> bool:
@@ -72,11 +76,7 @@ class Connection(asyncio.Protocol):
         self._lost = exc
         self._wake()
 
-    def pause_writing(self) -> None:
-        self._paused = True
-
     def resume_writing(self) -> None:
-        self._paused = False
         self._wake()  # write progress counts as activity for the inactivity timeout
 
     def _wake(self) -> None:
@@ -94,19 +94,41 @@ class Connection(asyncio.Protocol):
 
     @property
     def reusable(self) -> bool:
-        """Open, idle, and nothing unexpected pending on it."""
-        return not self._closed and not self._eof and not self._buf and self._transport is not None
+        """Open, idle, and nothing pending on it either way (no byte unread, none unsent)."""
+        return (not self._closed and not self._eof and not self._buf and self._transport is not None
+                and self._backlog() == 0)
+
+    def _backlog(self) -> int:
+        """Bytes written but not yet handed to the kernel (a large body being sent)."""
+        t = self._transport
+        return t.get_write_buffer_size() if t is not None and not t.is_closing() else 0
 
     def close(self) -> None:
+        """Drop the connection now: ``abort``, not ``close``, which would keep the socket and any
+        unsent body in memory until a server that stopped reading takes it."""
         self._closed = True
         if self._transport is not None:
-            self._transport.close()
+            self._transport.abort()
 
     async def _wait(self, timeout: float) -> None:
-        """Until something happens on the connection; TimeoutError after ``timeout`` s of nothing."""
+        """Until something happens on the connection; TimeoutError after ``timeout`` s in which
+        nothing arrived and no byte of the request body left."""
         loop = asyncio.get_running_loop()
         fut = self._waiter = loop.create_future()
-        handle = loop.call_later(timeout, _expire, fut)
+        backlog = self._backlog()
+
+        def expire() -> None:
+            nonlocal backlog, handle
+            if fut.done():
+                return
+            left = self._backlog()
+            if left < backlog:  # the body is still going out: that is progress
+                backlog = left
+                handle = loop.call_later(timeout, expire)
+                return
+            fut.set_exception(TimeoutError("no data from the server within the read timeout"))
+
+        handle = loop.call_later(timeout, expire)
         try:
             await fut
         finally:
@@ -117,11 +139,10 @@ class Connection(asyncio.Protocol):
                       body: bytes, read_timeout: float) -> tuple[int, dict[str, str], bytes]:
         """Send one request and read its whole answer: ``(status, headers, body)``, header names
         lower-cased (a repeated header keeps its last value)."""
-        if self._transport is None or self._closed:
-            raise StaleConnection("connection closed")
-        reused = self.requests > 0
-        self.requests += 1
         lines = [f"{method} {target} HTTP/1.1", f"Host: {host}"]
+        for part in (method, target, host):
+            if any(c in part for c in "\r\n \t"):
+                raise ValueError(f"request line part {part[:60]!r} cannot be sent: it holds whitespace")
         if body and not any(name.lower() == "content-length" for name, _ in headers):
             lines.append(f"Content-Length: {len(body)}")
         for name, value in headers:
@@ -129,6 +150,11 @@ class Connection(asyncio.Protocol):
                 raise ValueError(f"header {name!r} cannot be sent: it holds a line break (or a colon in its name)")
             lines.append(f"{name}: {value}")
         head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        if self._transport is None or self._closed:
+            raise StaleConnection("connection closed")
+        reused = self.requests > 0
+        self.requests += 1
+        self._received = 0
         if body and len(body) < 65536:
             self._transport.write(head + body)
         else:
@@ -143,9 +169,11 @@ class Connection(asyncio.Protocol):
                 data = await self._read_chunked(read_timeout)
             elif method == "HEAD" or status in _NO_BODY_STATUS:
                 data = b""
-            else:  # no length: the body ends with the connection
+            else:  # no length: the body ends with the connection (a clean end, not a reset)
                 while not self._eof:
                     await self._wait(read_timeout)
+                if self._lost is not None:
+                    raise ProtocolError(f"connection broken inside a body read to its end: {self._lost}")
                 data, keep = bytes(self._buf), False
                 self._buf.clear()
         except BaseException:
@@ -163,7 +191,7 @@ class Connection(asyncio.Protocol):
                 if len(self._buf) > MAX_HEAD:
                     raise ProtocolError("response headers larger than 64 KiB")
                 if self._eof:
-                    if not self._buf and reused:
+                    if not self._received and reused:  # not one byte of an answer: safe to resend
                         raise StaleConnection("the server closed the kept-alive connection")
                     raise ProtocolError("connection closed before the response headers")
                 await self._wait(timeout)
@@ -173,7 +201,7 @@ class Connection(asyncio.Protocol):
             status_line, _, rest = head.partition("\r\n")
             version, _, tail = status_line.partition(" ")
             code = tail[:3]
-            if not version.startswith("HTTP/1.") or not code.isdigit():
+            if not version.startswith("HTTP/1.") or not _DIGITS.fullmatch(code) or tail[3:4] not in ("", " "):
                 raise ProtocolError(f"not an HTTP/1.x status line: {status_line[:80]!r}")
             status = int(code)
             fields: dict[str, str] = {}
@@ -191,7 +219,7 @@ class Connection(asyncio.Protocol):
                 length = 0
             elif not chunked and "content-length" in fields:
                 raw = fields["content-length"]
-                if not raw.isdigit():
+                if not _DIGITS.fullmatch(raw):
                     raise ProtocolError(f"bad Content-Length {raw[:40]!r}")
                 length = int(raw)
             return status, fields, length, chunked, keep
@@ -224,10 +252,9 @@ class Connection(asyncio.Protocol):
         parts = []
         while True:
             size_field = (await self._read_line(timeout)).split(b";", 1)[0].strip()
-            try:
-                size = int(size_field, 16)
-            except ValueError:
-                raise ProtocolError(f"bad chunk size {size_field[:20]!r}") from None
+            if not _HEX.fullmatch(size_field) or len(size_field) > 16:
+                raise ProtocolError(f"bad chunk size {size_field[:20]!r}")
+            size = int(size_field, 16)
             if size == 0:
                 while await self._read_line(timeout):  # trailers, up to the empty line
                     pass
@@ -236,7 +263,3 @@ class Connection(asyncio.Protocol):
             if await self._read_line(timeout):
                 raise ProtocolError("chunk not followed by CRLF")
 
-
-def _expire(fut: asyncio.Future) -> None:
-    if not fut.done():
-        fut.set_exception(TimeoutError("no data from the server within the read timeout"))

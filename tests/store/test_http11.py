@@ -244,3 +244,133 @@ async def test_https_verifies_the_server_and_carries_requests(tls_files):
             await api.aclose()
     finally:
         srv.close()
+
+
+# -- found by review: each of these failed before its fix ----------------------------------------
+
+async def _server(handler):
+    srv = await asyncio.start_server(handler, "127.0.0.1", 0)
+    return srv, srv.sockets[0].getsockname()[1]
+
+
+async def test_a_slowly_read_upload_is_progress_not_silence():
+    """The inactivity timeout counts body bytes leaving, not only answer bytes arriving. (64 MiB:
+    loopback's kernel buffers take about 10 MiB at once, which no client can see leave.)"""
+    size = 64 * 1024 * 1024
+
+    async def slow_reader(reader, writer):
+        await reader.readuntil(b"\r\n\r\n")
+        got = 0
+        while got < size:  # about 2.6 s in all, never a pause near the 1 s timeout
+            got += len(await reader.readexactly(min(1024 * 1024, size - got)))
+            await asyncio.sleep(0.04)
+        writer.write(b"HTTP/1.1 201 Created\r\nContent-Length: 0\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    srv, port = await _server(slow_reader)
+    conn = await http11.Connection.open("127.0.0.1", port, None, 5.0)
+    try:
+        status, _, _ = await conn.request("PUT", "/", "h", [], b"x" * size, 1.0)
+        assert status == 201
+    finally:
+        conn.close()
+        srv.close()
+
+
+async def test_an_early_answer_with_the_body_unsent_is_not_pooled():
+    async def refuse_early(reader, writer):
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 413 Request Entity Too Large\r\nContent-Length: 0\r\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(3)  # never reads the body
+        writer.close()
+
+    srv, port = await _server(refuse_early)
+    conn = await http11.Connection.open("127.0.0.1", port, None, 5.0)
+    try:
+        status, _, _ = await conn.request("PUT", "/", "h", [], b"x" * (32 * 1024 * 1024), 5.0)
+        assert status == 413 and not conn.reusable  # megabytes still queued on it: never reused
+    finally:
+        conn.close()
+        srv.close()
+
+
+async def test_a_timeout_drops_the_connection_and_its_unsent_body_at_once():
+    async def mute(reader, writer):  # reads nothing, answers nothing
+        await asyncio.sleep(3)
+        writer.close()
+
+    srv, port = await _server(mute)
+    conn = await http11.Connection.open("127.0.0.1", port, None, 5.0)
+    try:
+        with pytest.raises(TimeoutError):
+            await conn.request("PUT", "/", "h", [], b"x" * (32 * 1024 * 1024), 0.5)
+        transport = conn._transport
+        assert transport.is_closing() and transport.get_write_buffer_size() == 0  # aborted: the body is freed
+    finally:
+        conn.close()
+        srv.close()
+
+
+async def test_a_reset_inside_a_body_read_to_its_end_is_an_error():
+    import socket
+    import struct
+
+    async def reset(reader, writer):
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\n\r\npartial-body")
+        await writer.drain()
+        await asyncio.sleep(0.1)
+        sock = writer.get_extra_info("socket")
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.transport.abort()
+
+    srv, port = await _server(reset)
+    conn = await http11.Connection.open("127.0.0.1", port, None, 5.0)
+    try:
+        with pytest.raises(http11.ProtocolError, match="broken"):
+            await conn.request("GET", "/", "h", [], b"", 5.0)
+    finally:
+        conn.close()
+        srv.close()
+
+
+@pytest.mark.parametrize("answer", [
+    "HTTP/1.1 200 OK\r\nContent-Length: \u00b2\r\n\r\n".encode("latin-1"),
+    "HTTP/1.1 2\u00b20 OK\r\n\r\n".encode("latin-1"),
+    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-3\r\nabc\r\n0\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0x5\r\nhello\r\n0\r\n\r\n",
+])
+async def test_only_ascii_numbers_frame_a_body(answer):
+    with pytest.raises(http11.ProtocolError):
+        await one(answer, then_close=True)
+
+
+async def test_a_close_after_an_interim_answer_is_not_stale():
+    """Bytes of an answer came (100 Continue): resending could do the request twice."""
+    server = Canned(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\na", b"HTTP/1.1 100 Continue\r\n\r\n", then_close=True)
+    srv, port = await serve(server)
+    conn = await http11.Connection.open("127.0.0.1", port, None, 5.0)
+    try:
+        await conn.request("GET", "/", "h", [], b"", 5.0)
+        with pytest.raises(http11.ProtocolError) as e:
+            await conn.request("PUT", "/", "h", [], b"x", 5.0)
+        assert not isinstance(e.value, http11.StaleConnection)
+    finally:
+        conn.close()
+        srv.close()
+
+
+async def test_a_refused_request_leaves_the_connection_untouched():
+    server = Canned(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\na")
+    srv, port = await serve(server)
+    conn = await http11.Connection.open("127.0.0.1", port, None, 5.0)
+    try:
+        with pytest.raises(ValueError):
+            await conn.request("GET", "/a b", "h", [], b"", 5.0)  # a space would split the request line
+        assert conn.requests == 0 and conn.reusable
+        assert (await conn.request("GET", "/", "h", [], b"", 5.0))[2] == b"a"
+    finally:
+        conn.close()
+        srv.close()
