@@ -153,7 +153,14 @@ def _convert(kind: str, raw: Any) -> Any:
         try:
             return int(raw)
         except ValueError:
-            raise ValueError(f"must be a whole number, got {raw!r}") from None
+            pass
+        try:  # "8.0" is a whole number too
+            value = float(raw)
+        except ValueError:
+            value = math.nan
+        if not value.is_integer():
+            raise ValueError(f"must be a whole number, got {raw!r}")
+        return int(value)
     if kind == "float":
         if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
             raise ValueError(f"must be a number, got {raw!r}")
@@ -167,17 +174,25 @@ def _convert(kind: str, raw: Any) -> Any:
     raise AssertionError(f"no conversion for {kind}")  # a new field type needs one here
 
 
+def _num(value: float) -> str:
+    """A number for a message: ``2``, ``0.5``, ``inf``; a huge integer shortened, never an error."""
+    if isinstance(value, float):
+        return f"{value:g}"
+    text = str(value)
+    return text if len(text) <= 24 else f"{text[:8]}...({len(text)} digits)"
+
+
 def _check(value: Any, meta: dict[str, Any]) -> Any:
     if meta["choices"]:
         value = value.lower()
         if value not in meta["choices"]:
             raise ValueError(f"must be one of {', '.join(meta['choices'])}; got {value!r}")
     if meta["ge"] is not None and value < meta["ge"]:
-        raise ValueError(f"must be at least {meta['ge']:g}; got {value:g}")
+        raise ValueError(f"must be at least {_num(meta['ge'])}; got {_num(value)}")
     if meta["le"] is not None and value > meta["le"]:
-        raise ValueError(f"must be at most {meta['le']:g}; got {value:g}")
+        raise ValueError(f"must be at most {_num(meta['le'])}; got {_num(value)}")
     if meta["gt"] is not None and value <= meta["gt"]:
-        raise ValueError(f"must be more than {meta['gt']:g}; got {value:g}")
+        raise ValueError(f"must be more than {_num(meta['gt'])}; got {_num(value)}")
     if meta["check"] is not None:
         value = meta["check"](value)
     return value

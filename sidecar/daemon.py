@@ -98,24 +98,26 @@ class Daemon:
         return result
 
     async def _claim(self, fence: Fence) -> None:
-        """Claim the store, retrying while it fails; our uploads wait for this."""
+        """Claim the store; our writes wait for this. While the store refuses or fails, it is
+        retried forever and the store counts as degraded (``/readyz`` and the metrics say so), as
+        for any failing write: a read-only credential shows up there, not as silence."""
         from sidecar.fence import Fenced
-        from sidecar.uploader import backoff
 
         attempt = 0
         while True:
             attempt += 1
             try:
                 await fence.claim()
-                return
             except Fenced as e:
                 log.error("fenced", detail=str(e))
                 metrics.FENCED.set(1)
                 self.uploader.fenced.set()
                 return
             except StoreError as e:
-                log.warning("store_retry", op="claim", attempt=attempt, error=str(e))
-                await anyio.sleep(backoff(attempt))
+                await self.uploader._store_failed(e, attempt, op="claim")
+            else:
+                self.uploader._succeeded()
+                return
 
     # -- phase 2: mirror ---------------------------------------------------------------------
     async def serve(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -142,7 +144,7 @@ class Daemon:
                            self.roots, self._on_paths, self._on_roots_changed)
             self.health.watcher_alive = True
             await self.reconcile(initial=True)
-            await self._drop_stale_bundles()
+            tg.start_soon(self._drop_stale_bundles)
             tg.start_soon(self._reconcile_loop)
             tg.start_soon(self._watch_fence)
             self.health.set("ready", "restored and mirroring")
@@ -155,8 +157,18 @@ class Daemon:
 
     async def _drop_stale_bundles(self) -> None:
         """A bundle left by a cut-short snapshot commit whose root has nothing to commit: the disk
-        (restored from it, or the truth) already matches the per-file objects."""
-        busy = {k.split("/", 1)[0] for k in self.uploader.pending_keys()}
+        (restored from it, or the truth) already matches the per-file objects. A delete is a
+        write: it waits for our claim like any other, and is skipped when we are fenced. Roots
+        whose disk is not the truth (protected, or left by a cut-short restore) keep theirs."""
+        fence = self.uploader.fence
+        if fence is not None:
+            from sidecar.fence import Fenced
+
+            try:
+                await fence.before_write()
+            except Fenced:
+                return
+        busy = {k.split("/", 1)[0] for k in self.uploader.pending_keys()} | self.protected | self.incomplete
         for name in sorted(self.uploader.bundle_outstanding - busy):
             try:
                 await self.store.delete(bundle_key(name))

@@ -67,15 +67,15 @@ class Fence:
 
     async def claim(self) -> None:
         current = await self._read()
-        previous = int(current.get("generation", 0))
-        self.generation = previous + 1
-        if not await self._write(self.generation):
+        previous = _number(current.get("generation"), int)
+        if not await self._write(previous + 1):
             self.fenced = "another sidecar claimed this store prefix at the same moment"
             self._claimed.set()
             raise Fenced(self.fenced)
+        self.generation = previous + 1  # only once the store took it: release() relies on that
         now = time.monotonic()
         self.valid_until = now + self.window
-        beat = float(current.get("heartbeat", 0))
+        beat = _number(current.get("heartbeat"), float)
         wait = beat + self.window + self.margin - time.time()
         self.writable_at = now + max(0.0, wait)
         if wait > 0:
@@ -85,8 +85,9 @@ class Fence:
         self._claimed.set()
 
     async def release(self) -> None:
-        """On a clean exit: keep the generation, clear the heartbeat, so a successor need not wait."""
-        if self.fenced or not self.generation:
+        """On a clean exit: keep the generation, clear the heartbeat, so a successor need not wait.
+        Nothing is written unless our claim succeeded."""
+        if self.fenced or not self._claimed.is_set() or not self.generation:
             return
         body = json.dumps({"generation": self.generation, "owner": self.owner, "heartbeat": 0}).encode()
         await self.store.put(OWNER_KEY, body, ObjectMeta.of(body, self.generation, 0o600))
@@ -115,3 +116,11 @@ class Fence:
                 log.error("fenced", detail=self.fenced)
                 raise Fenced(self.fenced)
             self.valid_until = t + self.window
+
+
+def _number(value: object, kind: type) -> int | float:
+    """A marker field as a number; 0 when missing or malformed (a marker someone else wrote)."""
+    try:
+        return kind(value or 0)
+    except (TypeError, ValueError, OverflowError):
+        return kind(0)

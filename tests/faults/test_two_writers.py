@@ -118,3 +118,103 @@ def test_losing_a_simultaneous_claim_fences_us_before_any_write(tmp_path):
         await store.aclose()
 
     anyio.run(main)
+
+
+def _recording_store(path, slow_owner_read: float = 0.0, refuse_owner_write: bool = False):
+    """A directory store that records its writes (and can be slow to read, or refuse to write,
+    the owner marker), to see what reaches the store before the claim."""
+    import anyio
+
+    from sidecar.fence import OWNER_KEY
+    from sidecar.store.base import StoreError
+    from sidecar.store.directory import DirectoryStore
+
+    class Recording(DirectoryStore):
+        writes: list[str] = []
+
+        async def get(self, key):
+            if key == OWNER_KEY and slow_owner_read:
+                await anyio.sleep(slow_owner_read)
+            return await super().get(key)
+
+        async def put(self, key, data, meta):
+            if key == OWNER_KEY and refuse_owner_write:
+                raise StoreError("403 AuthorizationPermissionMismatch (a read-only credential)")
+            self.writes.append(f"put {key}")
+            return await super().put(key, data, meta)
+
+        async def delete(self, key):
+            self.writes.append(f"delete {key}")
+            return await super().delete(key)
+
+    return Recording(str(path))
+
+
+def test_no_write_or_delete_reaches_the_store_before_the_claim(tmp_path):
+    """Found by review: the cleanup of a stale snapshot bundle deleted it before the claim."""
+    import time
+
+    import anyio
+
+    from sidecar.config import load
+    from sidecar.daemon import Daemon
+    from sidecar.fence import OWNER_KEY
+    from sidecar.snapshot import bundle_key, encode_bundle
+    from sidecar.store.base import ObjectMeta
+
+    work = tmp_path / "work"
+    write_atomic(work / "state" / "a.json", b"a")  # the disk is the truth: no restore
+    settings, roots = load({"store": str(tmp_path / "store"), "roots": "state", "commit": "snapshot",
+                            "reconcile_interval": 0}, cwd=str(work))
+    store = _recording_store(tmp_path / "store", slow_owner_read=0.3)
+
+    async def main():
+        await store.open()
+        blob = encode_bundle("state", [])  # an older sidecar's cut-short commit, nothing left to do
+        await store.put(bundle_key("state"), blob, ObjectMeta.of(blob, time.time_ns(), 0o600))
+        st = (work / "state" / "a.json").stat()  # and the file already stored: nothing pending
+        await store.put("state/a.json", b"a", ObjectMeta.of(b"a", st.st_mtime_ns, st.st_mode & 0o7777))
+        store.writes.clear()
+        daemon = Daemon(settings, roots, store)
+        await daemon.prepare()
+        async with anyio.create_task_group() as tg:
+            await tg.start(daemon.serve)
+            with anyio.fail_after(10):
+                while f"delete {bundle_key('state')}" not in store.writes:
+                    await anyio.sleep(0.01)
+            tg.cancel_scope.cancel()
+        await store.aclose()
+
+    anyio.run(main)
+    assert store.writes[0] == f"put {OWNER_KEY}", store.writes
+
+
+def test_a_claim_the_store_refuses_is_retried_and_reported_and_nothing_is_written(tmp_path):
+    import anyio
+
+    from sidecar.config import load
+    from sidecar.daemon import Daemon
+
+    work = tmp_path / "work"
+    write_atomic(work / ".checkpoints" / "c" / "a.json", b"a")
+    settings, roots = load({"store": str(tmp_path / "store"), "roots": str(work / ".checkpoints"),
+                            "reconcile_interval": 0}, cwd=str(work))
+    store = _recording_store(tmp_path / "store", refuse_owner_write=True)
+
+    async def main():
+        await store.open()
+        daemon = Daemon(settings, roots, store)
+        await daemon.prepare()
+        async with anyio.create_task_group() as tg:
+            await tg.start(daemon.serve)
+            with anyio.fail_after(10):
+                while daemon.uploader.failing_since is None:  # degraded: /readyz and metrics say so
+                    await anyio.sleep(0.01)
+            assert daemon.uploader.pending_keys() == {".checkpoints/c/a.json"}
+            with anyio.move_on_after(0.5, shield=True):
+                assert await daemon.drain(0.3) == 1  # left pending, and release() wrote nothing
+            tg.cancel_scope.cancel()
+        await store.aclose()
+
+    anyio.run(main)
+    assert store.writes == []
