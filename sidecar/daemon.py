@@ -24,12 +24,10 @@ from sidecar.config import Settings
 from sidecar.localfs import LocalStat, restore_cut_short, scan_root
 from sidecar.paths import IgnoreRules, Root
 from sidecar.plan import plan_reconcile
-from sidecar.snapshot import bundle_key
 from sidecar.restorer import Listing, RestoreResult, list_store, restore
 from sidecar.store.base import Store, StoreError, TransientStoreError
 
 if TYPE_CHECKING:
-    from sidecar.fence import Fence
     from sidecar.uploader import Uploader
 
 #: How long start-up keeps retrying a store that answers with transient errors before giving up.
@@ -97,28 +95,6 @@ class Daemon:
         self.health.restore = result
         return result
 
-    async def _claim(self, fence: Fence) -> None:
-        """Claim the store; our writes wait for this. While the store refuses or fails, it is
-        retried forever and the store counts as degraded (``/readyz`` and the metrics say so), as
-        for any failing write: a read-only credential shows up there, not as silence."""
-        from sidecar.fence import Fenced
-
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                await fence.claim()
-            except Fenced as e:
-                log.error("fenced", detail=str(e))
-                metrics.FENCED.set(1)
-                self.uploader.fenced.set()
-                return
-            except StoreError as e:
-                await self.uploader._store_failed(e, attempt, op="claim")
-            else:
-                self.uploader._succeeded()
-                return
-
     # -- phase 2: mirror ---------------------------------------------------------------------
     async def serve(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Watch and mirror until cancelled. ``started()`` once the watch is in place and the
@@ -133,18 +109,17 @@ class Daemon:
         from sidecar.watcher import watch  # imported here: ``run`` starts its child before this
 
         async with anyio.create_task_group() as tg:
-            if self._claim_store:
+            if self._claim_store:  # claimed by the uploader before its first write
                 from sidecar.fence import Fence
 
                 self.uploader.fence = Fence(self.store, self.settings.fence_window, self.settings.fence_margin)
-                tg.start_soon(self._claim, self.uploader.fence)
             await tg.start(self.uploader.run)
             self.health.workers_alive = True
             await tg.start(partial(watch, debounce_ms=self.settings.debounce_ms),
                            self.roots, self._on_paths, self._on_roots_changed)
             self.health.watcher_alive = True
             await self.reconcile(initial=True)
-            tg.start_soon(self._drop_stale_bundles)
+            tg.start_soon(self.uploader.drop_stale_bundles, self.protected | self.incomplete)
             tg.start_soon(self._reconcile_loop)
             tg.start_soon(self._watch_fence)
             self.health.set("ready", "restored and mirroring")
@@ -154,27 +129,6 @@ class Daemon:
         await self.uploader.fenced.wait()
         fence = self.uploader.fence
         self.health.set("fenced", fence.fenced if fence and fence.fenced else "fenced by a newer sidecar")
-
-    async def _drop_stale_bundles(self) -> None:
-        """A bundle left by a cut-short snapshot commit whose root has nothing to commit: the disk
-        (restored from it, or the truth) already matches the per-file objects. A delete is a
-        write: it waits for our claim like any other, and is skipped when we are fenced. Roots
-        whose disk is not the truth (protected, or left by a cut-short restore) keep theirs."""
-        fence = self.uploader.fence
-        if fence is not None:
-            from sidecar.fence import Fenced
-
-            try:
-                await fence.before_write()
-            except Fenced:
-                return
-        busy = {k.split("/", 1)[0] for k in self.uploader.pending_keys()} | self.protected | self.incomplete
-        for name in sorted(self.uploader.bundle_outstanding - busy):
-            try:
-                await self.store.delete(bundle_key(name))
-                self.uploader.bundle_outstanding.discard(name)
-            except StoreError as e:
-                log.warning("bundle_cleanup_failed", root=name, error=str(e))
 
     async def _on_paths(self, paths: list[str]) -> None:
         self.uploader.mark_paths(paths)

@@ -42,6 +42,8 @@ def generated_name(data: bytes) -> str | None:
             return m.group(0).decode()
         start = data.find(b"WorkflowBuilder-", start + 1)
     return None
+
+
 PROGRESS_EVERY = 2.0
 
 

@@ -224,6 +224,8 @@ class Uploader:
     # -- workers ---------------------------------------------------------------------------
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         async with anyio.create_task_group() as tg:
+            if self.fence is not None:
+                tg.start_soon(self._claim)
             for _ in range(self.concurrency):
                 tg.start_soon(self._worker)
             for name in self.snapshots:
@@ -240,6 +242,39 @@ class Uploader:
                 await self._handle(op)
             finally:
                 self._notify()  # wakes workers waiting on a barrier this op may have opened
+
+    async def _claim(self) -> None:
+        """Claim the store (see fence.py); every write waits for this. While the store refuses or
+        fails, the claim is retried forever and counted as a failing write (degraded, logged):
+        a read-only credential shows up there, not as silence."""
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                await self.fence.claim()
+            except Fenced as e:
+                log.error("fenced", detail=str(e))
+                metrics.FENCED.set(1)
+                self.fenced.set()
+                return
+            except StoreError as e:
+                await self._store_failed(e, attempt, op="claim")
+            else:
+                self._succeeded()
+                return
+
+    async def drop_stale_bundles(self, keep: set[str]) -> None:
+        """Delete the bundles that cut-short snapshot commits left for roots with nothing left to
+        commit (their disk already matches the per-file objects), except for roots in ``keep``
+        (whose disk is not the truth). A delete is a write: it waits for the claim."""
+        await self._guard()
+        busy = {k.split("/", 1)[0] for k in self.pending_keys()} | keep
+        for name in sorted(self.bundle_outstanding - busy):
+            try:
+                await self.store.delete(bundle_key(name))
+                self.bundle_outstanding.discard(name)
+            except StoreError as e:
+                log.warning("bundle_cleanup_failed", root=name, error=str(e))
 
     async def _guard(self) -> None:
         """Before any write: wait for and prove store ownership; park for good when fenced."""

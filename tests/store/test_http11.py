@@ -4,6 +4,7 @@ every framing the store may meet, and every way an answer can be wrong or cut sh
 from __future__ import annotations
 
 import asyncio
+from contextlib import asynccontextmanager
 
 import pytest
 
@@ -47,21 +48,25 @@ class Canned:
             writer.close()
 
 
-async def serve(handler):
-    srv = await asyncio.start_server(handler.handle, "127.0.0.1", 0)
-    return srv, srv.sockets[0].getsockname()[1]
+@asynccontextmanager
+async def connected(handler):
+    """A connection to a server on 127.0.0.1 run by ``handler`` (a :class:`Canned`, or a
+    ``(reader, writer)`` coroutine function); both closed on the way out. Yields (conn, port)."""
+    srv = await asyncio.start_server(getattr(handler, "handle", handler), "127.0.0.1", 0)
+    port = srv.sockets[0].getsockname()[1]
+    conn = await http11.Connection.open("127.0.0.1", port, None, 5.0)
+    try:
+        yield conn, port
+    finally:
+        conn.close()
+        srv.close()
 
 
 async def one(answer: bytes, method: str = "GET", body: bytes = b"", timeout: float = 5.0, **kw):
     server = Canned(answer, **kw)
-    srv, port = await serve(server)
-    conn = await http11.Connection.open("127.0.0.1", port, None, 5.0)
-    try:
+    async with connected(server) as (conn, port):
         result = await conn.request(method, "/c/b?x=1", f"127.0.0.1:{port}", [("x-ms-version", "1")], body, timeout)
         return result, conn, server
-    finally:
-        conn.close()
-        srv.close()
 
 
 async def test_content_length_keep_alive_and_the_request_as_sent():
@@ -110,22 +115,15 @@ async def test_malformed_or_cut_short_answers_are_protocol_errors(answer, words)
 
 async def test_silence_is_a_timeout_and_closes_the_connection():
     server = Canned(None)  # reads the request, never answers, keeps the connection
-    srv, port = await serve(server)
-    conn = await http11.Connection.open("127.0.0.1", port, None, 5.0)
-    try:
+    async with connected(server) as (conn, port):
         with pytest.raises(TimeoutError):
             await conn.request("GET", "/", "h", [], b"", 0.2)
         assert not conn.reusable
-    finally:
-        conn.close()
-        srv.close()
 
 
 async def test_keep_alive_then_the_server_closing_an_idle_connection_is_noticed():
     server = Canned(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\na", then_close=True)
-    srv, port = await serve(server)
-    conn = await http11.Connection.open("127.0.0.1", port, None, 5.0)
-    try:
+    async with connected(server) as (conn, port):
         assert (await conn.request("GET", "/", "h", [], b"", 5.0))[2] == b"a"
         for _ in range(200):  # the server closes after its one answer; the loop reports it
             if not conn.reusable:
@@ -134,36 +132,23 @@ async def test_keep_alive_then_the_server_closing_an_idle_connection_is_noticed(
         assert not conn.reusable
         with pytest.raises(http11.StaleConnection):
             await conn.request("GET", "/", "h", [], b"", 5.0)
-    finally:
-        conn.close()
-        srv.close()
 
 
 async def test_connection_close_and_extra_bytes_end_reuse():
     (_, _, body), conn, _ = await one(b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 1\r\n\r\na")
     assert body == b"a"
     server = Canned(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\naEXTRA")
-    srv, port = await serve(server)
-    conn = await http11.Connection.open("127.0.0.1", port, None, 5.0)
-    try:
+    async with connected(server) as (conn, port):
         assert (await conn.request("GET", "/", "h", [], b"", 5.0))[2] == b"a"
         assert not conn.reusable  # bytes nobody asked for: the connection is not trusted again
-    finally:
-        conn.close()
-        srv.close()
 
 
 async def test_a_header_with_a_line_break_is_never_sent():
     server = Canned(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
-    srv, port = await serve(server)
-    conn = await http11.Connection.open("127.0.0.1", port, None, 5.0)
-    try:
+    async with connected(server) as (conn, port):
         with pytest.raises(ValueError, match="line break"):
             await conn.request("PUT", "/", "h", [("x-ms-meta-a", "v\r\nInjected: 1")], b"", 5.0)
         assert server.requests == []
-    finally:
-        conn.close()
-        srv.close()
 
 
 async def test_large_bodies_both_ways():
@@ -179,14 +164,9 @@ async def test_large_bodies_both_ways():
             await reader.read()
             writer.close()
 
-    srv, port = await serve(Echo())
-    conn = await http11.Connection.open("127.0.0.1", port, None, 5.0)
-    try:
+    async with connected(Echo()) as (conn, port):
         status, _, body = await conn.request("PUT", "/", "h", [("Content-Length", str(len(payload)))], payload, 5.0)
         assert status == 200 and body == payload
-    finally:
-        conn.close()
-        srv.close()
 
 
 @pytest.fixture(scope="module")
@@ -248,11 +228,6 @@ async def test_https_verifies_the_server_and_carries_requests(tls_files):
 
 # -- found by review: each of these failed before its fix ----------------------------------------
 
-async def _server(handler):
-    srv = await asyncio.start_server(handler, "127.0.0.1", 0)
-    return srv, srv.sockets[0].getsockname()[1]
-
-
 async def test_a_slowly_read_upload_is_progress_not_silence():
     """The inactivity timeout counts body bytes leaving, not only answer bytes arriving. (64 MiB:
     loopback's kernel buffers take about 10 MiB at once, which no client can see leave.)"""
@@ -268,14 +243,9 @@ async def test_a_slowly_read_upload_is_progress_not_silence():
         await writer.drain()
         writer.close()
 
-    srv, port = await _server(slow_reader)
-    conn = await http11.Connection.open("127.0.0.1", port, None, 5.0)
-    try:
+    async with connected(slow_reader) as (conn, port):
         status, _, _ = await conn.request("PUT", "/", "h", [], b"x" * size, 1.0)
         assert status == 201
-    finally:
-        conn.close()
-        srv.close()
 
 
 async def test_an_early_answer_with_the_body_unsent_is_not_pooled():
@@ -286,14 +256,9 @@ async def test_an_early_answer_with_the_body_unsent_is_not_pooled():
         await asyncio.sleep(3)  # never reads the body
         writer.close()
 
-    srv, port = await _server(refuse_early)
-    conn = await http11.Connection.open("127.0.0.1", port, None, 5.0)
-    try:
+    async with connected(refuse_early) as (conn, port):
         status, _, _ = await conn.request("PUT", "/", "h", [], b"x" * (32 * 1024 * 1024), 5.0)
         assert status == 413 and not conn.reusable  # megabytes still queued on it: never reused
-    finally:
-        conn.close()
-        srv.close()
 
 
 async def test_a_timeout_drops_the_connection_and_its_unsent_body_at_once():
@@ -301,16 +266,11 @@ async def test_a_timeout_drops_the_connection_and_its_unsent_body_at_once():
         await asyncio.sleep(3)
         writer.close()
 
-    srv, port = await _server(mute)
-    conn = await http11.Connection.open("127.0.0.1", port, None, 5.0)
-    try:
+    async with connected(mute) as (conn, port):
         with pytest.raises(TimeoutError):
             await conn.request("PUT", "/", "h", [], b"x" * (32 * 1024 * 1024), 0.5)
         transport = conn._transport
         assert transport.is_closing() and transport.get_write_buffer_size() == 0  # aborted: the body is freed
-    finally:
-        conn.close()
-        srv.close()
 
 
 async def test_a_reset_inside_a_body_read_to_its_end_is_an_error():
@@ -326,14 +286,9 @@ async def test_a_reset_inside_a_body_read_to_its_end_is_an_error():
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         writer.transport.abort()
 
-    srv, port = await _server(reset)
-    conn = await http11.Connection.open("127.0.0.1", port, None, 5.0)
-    try:
+    async with connected(reset) as (conn, port):
         with pytest.raises(http11.ProtocolError, match="broken"):
             await conn.request("GET", "/", "h", [], b"", 5.0)
-    finally:
-        conn.close()
-        srv.close()
 
 
 @pytest.mark.parametrize("answer", [
@@ -350,27 +305,17 @@ async def test_only_ascii_numbers_frame_a_body(answer):
 async def test_a_close_after_an_interim_answer_is_not_stale():
     """Bytes of an answer came (100 Continue): resending could do the request twice."""
     server = Canned(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\na", b"HTTP/1.1 100 Continue\r\n\r\n", then_close=True)
-    srv, port = await serve(server)
-    conn = await http11.Connection.open("127.0.0.1", port, None, 5.0)
-    try:
+    async with connected(server) as (conn, port):
         await conn.request("GET", "/", "h", [], b"", 5.0)
         with pytest.raises(http11.ProtocolError) as e:
             await conn.request("PUT", "/", "h", [], b"x", 5.0)
         assert not isinstance(e.value, http11.StaleConnection)
-    finally:
-        conn.close()
-        srv.close()
 
 
 async def test_a_refused_request_leaves_the_connection_untouched():
     server = Canned(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\na")
-    srv, port = await serve(server)
-    conn = await http11.Connection.open("127.0.0.1", port, None, 5.0)
-    try:
+    async with connected(server) as (conn, port):
         with pytest.raises(ValueError):
             await conn.request("GET", "/a b", "h", [], b"", 5.0)  # a space would split the request line
         assert conn.requests == 0 and conn.reusable
         assert (await conn.request("GET", "/", "h", [], b"", 5.0))[2] == b"a"
-    finally:
-        conn.close()
-        srv.close()
