@@ -2,7 +2,7 @@
 
 Data flow (top-down)::
 
-    prepare():  store.open → list_store (one LIST) → restorer.restore
+    prepare():  store.open → restorer.restore (downloads while the LIST streams in)
     serve():    watcher.watch ──paths──▶ Uploader.mark_paths ──▶ PendingSet ──▶ workers ──▶ store
                 reconcile loop: local rescan vs known store state (no LIST), full LIST rarely
     drain():    keep watching; wait until nothing is pending (bounded), rescan once, wait again
@@ -25,7 +25,8 @@ from sidecar.localfs import LocalStat, restore_cut_short, scan_root
 from sidecar.paths import IgnoreRules, Root
 from sidecar.plan import plan_reconcile
 from sidecar.restorer import Listing, RestoreResult, list_store, restore
-from sidecar.store.base import Store, StoreError, TransientStoreError
+from sidecar.retry import retry_transient
+from sidecar.store.base import Store, StoreError
 
 if TYPE_CHECKING:
     from sidecar.uploader import Uploader
@@ -80,18 +81,17 @@ class Daemon:
 
     # -- phase 1: restore --------------------------------------------------------------------
     async def prepare(self, claim: bool = True) -> RestoreResult | None:
-        """Open the store, list it once and restore by the rule. With ``claim``, :meth:`serve`
-        then claims the store (fencing off an older writer) before our first write: the claim
-        gates only our own writes (an older writer may still finish its current window meanwhile,
-        see fence.py), so it delays neither the restore nor the host's start. Raises
-        StoreError/RestoreError."""
+        """Open the store, list it once and restore by the rule as the listing arrives. With
+        ``claim``, :meth:`serve` then claims the store (fencing off an older writer) before our
+        first write: the claim gates only our own writes (an older writer may still finish its
+        current window meanwhile, see fence.py), so it delays neither the restore nor the host's
+        start. Raises StoreError/RestoreError."""
         self.health.set("restoring", "restoring state from the store")
         self._claim_store = claim
         deadline = time.monotonic() + STARTUP_RETRY_SECONDS
         await retry_transient(self.store.open, "open", deadline)
-        self.listing = await retry_transient(lambda: list_store(self.store, self.roots), "list", deadline)
-        result = await restore(self.store, self.roots, self.listing, mode=self.settings.restore,
-                               concurrency=self.settings.concurrency)
+        self.listing, result = await restore(self.store, self.roots, mode=self.settings.restore,
+                                             concurrency=self.settings.concurrency, deadline=deadline)
         self.health.restore = result
         return result
 
@@ -244,19 +244,3 @@ class Daemon:
             log.info("shutdown_flushed", seconds=round(time.monotonic() - t0, 3), **totals)
         return len(left)
 
-
-async def retry_transient(fn, what: str, deadline: float):
-    """Call ``fn`` until it succeeds or ``deadline`` (monotonic) passes; re-raises the last error."""
-    attempt = 0
-    while True:
-        attempt += 1
-        try:
-            return await fn()
-        except StoreError as e:
-            from sidecar.uploader import backoff
-
-            delay = backoff(attempt)
-            if not isinstance(e, TransientStoreError) or time.monotonic() + delay > deadline:
-                raise
-            log.warning("store_retry", op=what, attempt=attempt, error=str(e))
-            await anyio.sleep(delay)

@@ -74,6 +74,12 @@ def decide_restore(root_name: str, local_has_files: bool, stored: int, mode: str
     return RootDecision(root_name, True, "root is empty: filling it from the store")
 
 
+def may_restore(local_has_files: bool, mode: str, cut_short: bool = False) -> bool:
+    """Whether :func:`decide_restore` restores the root if anything is stored for it: what the
+    disk alone says, before the listing has ended."""
+    return decide_restore("", local_has_files, 1, mode, cut_short).restore
+
+
 @dataclass
 class Status:
     in_sync: list[str] = field(default_factory=list)

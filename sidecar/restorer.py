@@ -1,15 +1,21 @@
 """Rehydrate: bring every stored file of every root back before the host starts.
 
+The listing is streamed: files are queued as each page of it arrives, and ``concurrency``
+workers download them meanwhile, so the first files land while the rest of the listing is still
+being fetched and parsed (for 1,000 files, that used to be 100 ms before the first download).
 Each file is downloaded, its sha256 verified, written to a temp file beside its target with the
 stored mode and mtime, and renamed into place; directories are walked without following symlinks,
 so a stored name can never land outside its root. The restored filesystem is flushed at the end
 (``syncfs``; a large restore also as it fills) so a power loss cannot leave empty files that a
-later ``sync`` would take for the truth. Which roots are restored follows :func:`sidecar.plan.decide_restore`.
+later ``sync`` would take for the truth. A root gets a restore marker before its first file and
+loses it after the flush, so a restore cut short is known as such. Which roots are restored
+follows :func:`sidecar.plan.decide_restore`.
 """
 
 from __future__ import annotations
 
 import errno
+import math
 import re
 import sys
 import time
@@ -20,11 +26,12 @@ import anyio.to_thread
 
 from sidecar import log, metrics
 from sidecar.localfs import (
-    ChecksumMismatch, UnsafeTarget, clear_restoring, has_regular_files, mark_restoring, printable, remove_stale_restore_temps,
+    ChecksumMismatch, OpenDirs, UnsafeTarget, clear_restoring, has_regular_files, mark_restoring, printable, remove_stale_restore_temps,
     restore_cut_short, syncfs, unmirrorable_reason, write_restored,
 )
 from sidecar.paths import Root, UnsafeKey, split_key
-from sidecar.plan import RootDecision, decide_restore
+from sidecar.plan import RootDecision, decide_restore, may_restore
+from sidecar.retry import retry_transient
 from sidecar.snapshot import BUNDLE_DIR, Change, fetch_bundle
 from sidecar.store.base import NotFound, ObjectInfo, Store, StoreError
 
@@ -60,16 +67,16 @@ INLINE_WRITE_MAX = 256 * 1024
 FLUSH_EVERY_BYTES = 16 * 1024 * 1024
 
 
-async def _flush_as_it_fills(progress: "_Progress", paths: list[str]) -> None:
-    """Flush the restored filesystems in a worker thread whenever another FLUSH_EVERY_BYTES have
+async def _flush_as_it_fills(progress: "_Progress", started: dict[str, Root]) -> None:
+    """Flush the roots being filled in a worker thread whenever another FLUSH_EVERY_BYTES have
     been written, until cancelled when the downloads end: the disk writes while the network
     transfers. (Measured: the final flush of a 97 MiB restore went from 50-65 ms to about 10.)"""
     flushed = 0
     while True:
         if progress.bytes - flushed >= FLUSH_EVERY_BYTES:
             flushed = progress.bytes
-            for path in paths:
-                await anyio.to_thread.run_sync(syncfs, path)
+            for root in list(started.values()):
+                await anyio.to_thread.run_sync(syncfs, root.path)
         else:
             await anyio.sleep(0.02)
 
@@ -82,27 +89,33 @@ class Listing:
     unsafe: list[tuple[str, str]] = field(default_factory=list)  # (key, why)
     bundles: set[str] = field(default_factory=set)  # roots with a snapshot bundle in the store
 
+    def add(self, info: ObjectInfo, by_name: dict[str, Root]) -> str | None:
+        """File one listed object. The name of its root when it is a file of a configured root;
+        None for a bundle, another root's data, or a hostile name (set aside in ``unsafe``)."""
+        if info.key.startswith(BUNDLE_DIR + "/"):
+            self.bundles.add(info.key[len(BUNDLE_DIR) + 1 :])
+            return None
+        first = info.key.split("/", 1)[0]
+        if first and first not in by_name and first not in ("..", "."):
+            return None  # another root's data, or not ours at all
+        try:
+            split_key(info.key, by_name)
+        except UnsafeKey as e:
+            self.unsafe.append((info.key, str(e)))
+            return None
+        if not info.key.isascii() and (why := unmirrorable_reason(info.key)):
+            # a name no sync would store today (a directory store written by an older version)
+            self.unsafe.append((printable(info.key), why))
+            return None
+        self.objects[info.key] = info
+        return first
+
 
 async def list_store(store: Store, roots: list[Root]) -> Listing:
     by_name = {r.name: r for r in roots}
     out = Listing()
     async for info in store.list():
-        if info.key.startswith(BUNDLE_DIR + "/"):
-            out.bundles.add(info.key[len(BUNDLE_DIR) + 1 :])
-            continue
-        first = info.key.split("/", 1)[0]
-        if first and first not in by_name and first not in ("..", "."):
-            continue  # another root's data, or not ours at all
-        try:
-            split_key(info.key, by_name)
-        except UnsafeKey as e:
-            out.unsafe.append((info.key, str(e)))
-            continue
-        if not info.key.isascii() and unmirrorable_reason(info.key):
-            # a name no sync would store today (a directory store written by an older version)
-            out.unsafe.append((printable(info.key), unmirrorable_reason(info.key) or "unsupported name"))
-            continue
-        out.objects[info.key] = info
+        out.add(info, by_name)
     return out
 
 
@@ -121,151 +134,247 @@ class RestoreResult:
 
 
 class _Progress:
-    def __init__(self, total_files: int, total_bytes: int) -> None:
-        self.total_files, self.total_bytes = total_files, total_bytes
+    """Files and bytes restored out of those listed so far (the listing is still growing while
+    the first files land)."""
+
+    def __init__(self) -> None:
+        self.total_files = self.total_bytes = 0
         self.files = self.bytes = 0
         self.tty = sys.stderr.isatty()
+        self.drawn = False
         self.last = time.monotonic()
+
+    def expect(self, size: int) -> None:
+        self.total_files += 1
+        self.total_bytes += size
 
     def add(self, n: int) -> None:
         self.files += 1
         self.bytes += n
         now = time.monotonic()
         if self.tty:
-            if now - self.last > 0.1 or self.files == self.total_files:
+            if now - self.last > 0.1:
                 self.last = now
-                frac = self.bytes / self.total_bytes if self.total_bytes else 1.0
-                bar = "#" * int(frac * 30)
-                sys.stderr.write(
-                    f"\rrestoring [{bar:<30}] {self.files}/{self.total_files} files "
-                    f"{self.bytes / 1048576:.1f}/{self.total_bytes / 1048576:.1f} MiB"
-                )
-                if self.files == self.total_files:
-                    sys.stderr.write("\n")
-                sys.stderr.flush()
+                self._draw()
         elif now - self.last > PROGRESS_EVERY:
             self.last = now
             log.info("restore_progress", files=self.files, total_files=self.total_files,
                      bytes=self.bytes, total_bytes=self.total_bytes)
 
+    def _draw(self) -> None:
+        frac = self.bytes / self.total_bytes if self.total_bytes else 1.0
+        bar = "#" * int(frac * 30)
+        sys.stderr.write(
+            f"\rrestoring [{bar:<30}] {self.files}/{self.total_files} files "
+            f"{self.bytes / 1048576:.1f}/{self.total_bytes / 1048576:.1f} MiB"
+        )
+        sys.stderr.flush()
+        self.drawn = True
+
+    def finish(self) -> None:
+        if self.drawn:
+            self._draw()
+            sys.stderr.write("\n")
+
+
+#: A queued file: its root, what the listing (or the bundle) says of it, and the bundle's change
+#: when the bytes come from a bundle rather than from the file's own object.
+_Item = tuple[Root, ObjectInfo, "Change | None"]
+
+
+class _Restore:
+    """One restore. Two feeders, the store's listing and each candidate root's bundle, queue files
+    while ``concurrency`` workers download, verify and place them, so the first files land while
+    the listing is still being fetched and parsed."""
+
+    def __init__(self, store: Store, roots: list[Root], candidates: dict[str, Root], result: RestoreResult) -> None:
+        self.store = store
+        self.by_name = {r.name: r for r in roots}
+        self.candidates = candidates  # roots the disk lets us fill, if anything is stored
+        self.result = result
+        self.listing = Listing()
+        self.started: dict[str, Root] = {}  # roots with their restore marker down: files are coming
+        self.queued: set[str] = set()  # keys handed to the workers (a retried listing skips them)
+        #: each candidate's bundle by key, once fetched: what a cut-short snapshot commit left
+        self.overlays: dict[str, dict[str, Change]] = {}
+        self.overlay_known = {name: anyio.Event() for name in candidates}
+        self.progress = _Progress()
+        self.dirs = OpenDirs()  # for the files written here on the event loop, not in threads
+        self.send, self.receive = anyio.create_memory_object_stream[_Item](math.inf)
+
+    def _queue(self, root: Root, info: ObjectInfo, bundled: Change | None = None) -> None:
+        if root.name not in self.started:
+            try:  # before the root's first file lands: a restore cut short from here on is known as such
+                mark_restoring(root)
+            except OSError as e:
+                raise RestoreError(f"cannot write into {root.path}: {e.strerror}") from None
+            self.started[root.name] = root
+        self.queued.add(info.key)
+        self.progress.expect(info.size)
+        self.send.send_nowait((root, info, bundled))
+
+    async def list(self, deadline: float) -> None:
+        """Feed every stored file of a candidate root to the workers as its listing page arrives."""
+        async def once() -> None:
+            self.listing = Listing()  # a retried listing starts over; queued keys are not queued twice
+            async for info in self.store.list():
+                name = self.listing.add(info, self.by_name)
+                if name in self.candidates and info.key not in self.queued:
+                    self._queue(self.candidates[name], info)
+
+        await retry_transient(once, "list", deadline)
+        for key, why in self.listing.unsafe:
+            log.error("restore_refused_name", path=key, reason=why)
+            self.result.refused.append(key)
+
+    async def overlay(self, root: Root, deadline: float) -> None:
+        """Fetch the root's bundle, if a snapshot commit was cut short: it holds the newer state of
+        the files it names (and their deletion), which replaces their own objects."""
+        changes = await retry_transient(lambda: fetch_bundle(self.store, root.name), "get", deadline) or []
+        self.overlays[root.name] = {c.key: c for c in changes}
+        if changes:
+            log.info("restore_bundle", root=root.path, changes=len(changes))
+        for c in changes:
+            if c.data is not None:
+                self._queue(root, ObjectInfo(c.key, c.meta.size, c.meta.sha256, c.meta.mtime_ns, c.meta.mode), c)
+        self.overlay_known[root.name].set()
+
+    async def work(self, receive) -> None:
+        async with receive:
+            async for root, info, bundled in receive:
+                if bundled is None:
+                    await self.overlay_known[root.name].wait()
+                    if info.key in self.overlays[root.name]:
+                        continue  # the bundle's newer version is queued on its own, or it deleted the file
+                await self._place(root, info, bundled)
+
+    async def _place(self, root: Root, info: ObjectInfo, bundled: Change | None) -> None:
+        try:
+            owner, parts = split_key(info.key, self.by_name)
+            if owner is not root:
+                raise UnsafeKey(f"the bundle of {root.name} names a file of {owner.name}")
+        except UnsafeKey as e:  # only a forged bundle can name one: listed names were checked
+            log.error("restore_refused_name", path=printable(info.key), reason=str(e))
+            self.result.refused.append(info.key)
+            return
+        for attempt in (1, 2):
+            if bundled is not None:  # verified when the bundle was decoded
+                data, got, expected = bundled.data or b"", info, None
+            else:
+                try:
+                    data, got = await self.store.get(info.key)
+                except NotFound:
+                    log.warning("restore_vanished", path=info.key)
+                    return
+                expected = got.sha256 or info.sha256
+                if expected is None:
+                    self.result.unverified += 1
+            try:
+                # Verified, written and renamed: a large file in a worker thread (hashing
+                # 100 MiB in the event loop would stall the other downloads), a small one
+                # right here, where it costs less than the hand-off to a thread and back.
+                if len(data) > INLINE_WRITE_MAX:
+                    await anyio.to_thread.run_sync(write_restored, root, parts, data, got.mtime_ns, got.mode, expected)
+                else:
+                    write_restored(root, parts, data, got.mtime_ns, got.mode, expected, self.dirs)
+                break
+            except ChecksumMismatch:
+                log.warning("restore_checksum_mismatch", path=info.key, attempt=attempt)
+            except UnsafeTarget as e:
+                log.error("restore_refused_target", path=info.key, reason=str(e))
+                self.result.refused.append(info.key)
+                return
+            except OSError as e:
+                if e.errno == errno.ENOSPC:
+                    raise RestoreError(f"no space left on device while restoring into {root.path} ({self.progress.files} "
+                                       f"of {self.progress.total_files} files restored; no partial file left)") from None
+                raise RestoreError(f"cannot write {info.key} into {root.path}: {e.strerror}") from None
+        else:
+            raise RestoreError(f"{info.key}: stored bytes do not match their sha256 (corrupt object in {self.store.description})")
+        if info.key.startswith(".checkpoints/") or info.key.endswith(".json"):
+            name = generated_name(data)
+            if name:
+                self.result.generated_names.add(name)
+        self.progress.add(len(data))
+        metrics.restored(len(data))
+
+    def stored(self) -> dict[str, int]:
+        """Files stored per root, with the bundles' changes applied."""
+        count = {name: 0 for name in self.by_name}
+        for key in self.listing.objects:
+            count[key.split("/", 1)[0]] += 1
+        for name, overlay in self.overlays.items():
+            for key, c in overlay.items():
+                listed = key in self.listing.objects
+                if c.data is None and listed:
+                    count[name] -= 1
+                elif c.data is not None and not listed:
+                    count[name] += 1
+        return count
+
 
 async def restore(
     store: Store,
     roots: list[Root],
-    listing: Listing,
     *,
     mode: str = "auto",
     concurrency: int = 16,
-) -> RestoreResult:
+    deadline: float = 0.0,
+) -> tuple[Listing, RestoreResult]:
+    """Restore by the rule (:func:`sidecar.plan.decide_restore`) while the store is listed; the
+    listing (the store's content, for mirroring) and what was restored. A listing or bundle read
+    that fails transiently is retried until ``deadline`` (monotonic; by default not at all)."""
     t0 = time.monotonic()
     result = RestoreResult()
-    for key, why in listing.unsafe:
-        log.error("restore_refused_name", path=key, reason=why)
-        result.refused.append(key)
-
-    per_root: dict[str, list[ObjectInfo]] = {r.name: [] for r in roots}
-    for info in listing.objects.values():
-        per_root[info.key.split("/", 1)[0]].append(info)
-
-    todo: list[tuple[Root, ObjectInfo]] = []
-    overlay: dict[str, Change] = {}
+    # Which roots may be filled depends on the disk alone; whether anything is stored for them
+    # is known when the listing ends, and a root gets its restore marker with its first file.
+    disk: dict[str, tuple[bool, bool]] = {}
+    candidates: dict[str, Root] = {}
     for root in roots:
-        changes = await fetch_bundle(store, root.name) if root.name in listing.bundles else None
-        if changes is not None:
-            # a snapshot commit was cut short: its bundle holds the newer consistent state
-            log.info("restore_bundle", root=root.path, changes=len(changes))
-            stored = {i.key: i for i in per_root[root.name]}
-            for c in changes:
-                overlay[c.key] = c
-                if c.data is None:
-                    stored.pop(c.key, None)
-                else:
-                    stored[c.key] = ObjectInfo(c.key, c.meta.size, c.meta.sha256, c.meta.mtime_ns, c.meta.mode)
-            per_root[root.name] = list(stored.values())
         local = await anyio.to_thread.run_sync(has_regular_files, root.path)
         cut_short = restore_cut_short(root)
-        d = decide_restore(root.name, local, len(per_root[root.name]), mode, cut_short)
-        result.decisions.append(d)
-        log.info("restore_decision", root=root.path, restore=d.restore, reason=d.reason,
-                 stored=len(per_root[root.name]))
-        if d.restore:
+        disk[root.name] = (local, cut_short)
+        if may_restore(local, mode, cut_short):
+            candidates[root.name] = root
             await anyio.to_thread.run_sync(remove_stale_restore_temps, root)
-            try:  # before the first file lands: a restore cut short from here on is known as such
-                mark_restoring(root)
-            except OSError as e:
-                raise RestoreError(f"cannot write into {root.path}: {e.strerror}") from None
-            todo.extend((root, info) for info in per_root[root.name])
-        elif cut_short and mode != "skip":  # nothing is stored any more: the disk is all there is
-            clear_restoring(root)
 
-    by_name = {r.name: r for r in roots}
-    progress = _Progress(len(todo), sum(i.size for _, i in todo))
-    limiter = anyio.Semaphore(concurrency)
-
-    async def fetch(root: Root, info: ObjectInfo) -> None:
-        async with limiter:
-            _, parts = split_key(info.key, by_name)
-            bundled = overlay.get(info.key)
-            for attempt in (1, 2):
-                if bundled is not None:  # verified when the bundle was decoded
-                    data, got, expected = bundled.data, info, None
-                else:
-                    try:
-                        data, got = await store.get(info.key)
-                    except NotFound:
-                        log.warning("restore_vanished", path=info.key)
-                        return
-                    expected = got.sha256 or info.sha256
-                    if expected is None:
-                        result.unverified += 1
-                try:
-                    # Verified, written and renamed: a large file in a worker thread (hashing
-                    # 100 MiB in the event loop would stall the other downloads), a small one
-                    # right here, where it costs less than the hand-off to a thread and back.
-                    if len(data) > INLINE_WRITE_MAX:
-                        await anyio.to_thread.run_sync(write_restored, root, parts, data, got.mtime_ns, got.mode, expected)
-                    else:
-                        write_restored(root, parts, data, got.mtime_ns, got.mode, expected)
-                    break
-                except ChecksumMismatch:
-                    log.warning("restore_checksum_mismatch", path=info.key, attempt=attempt)
-                except UnsafeTarget as e:
-                    log.error("restore_refused_target", path=info.key, reason=str(e))
-                    result.refused.append(info.key)
-                    return
-                except OSError as e:
-                    if e.errno == errno.ENOSPC:
-                        raise RestoreError(f"no space left on device while restoring into {root.path} "
-                                           f"({progress.files} of {progress.total_files} files restored; no partial file left)") from None
-                    raise RestoreError(f"cannot write {info.key} into {root.path}: {e.strerror}") from None
-            else:
-                raise RestoreError(f"{info.key}: stored bytes do not match their sha256 (corrupt object in {store.description})")
-            if info.key.startswith(".checkpoints/") or info.key.endswith(".json"):
-                name = generated_name(data)
-                if name:
-                    result.generated_names.add(name)
-            progress.add(len(data))
-            metrics.restored(len(data))
-
+    run = _Restore(store, roots, candidates, result)
     try:
         async with anyio.create_task_group() as flushing:
-            if progress.total_bytes > FLUSH_EVERY_BYTES:
-                flushing.start_soon(_flush_as_it_fills, progress, [r.path for r in roots if r.name in result.restored_roots()])
-            async with anyio.create_task_group() as tg:
-                for root, info in todo:
-                    tg.start_soon(fetch, root, info)
+            flushing.start_soon(_flush_as_it_fills, run.progress, run.started)
+            async with anyio.create_task_group() as workers:
+                for _ in range(concurrency):
+                    workers.start_soon(run.work, run.receive.clone())
+                run.receive.close()
+                async with run.send:  # closed once every file is queued: the workers then drain and end
+                    async with anyio.create_task_group() as feeders:
+                        feeders.start_soon(run.list, deadline)
+                        for root in candidates.values():
+                            feeders.start_soon(run.overlay, root, deadline)
+                    stored = run.stored()
+                    for root in roots:
+                        local, cut_short = disk[root.name]
+                        d = decide_restore(root.name, local, stored[root.name], mode, cut_short)
+                        result.decisions.append(d)
+                        log.info("restore_decision", root=root.path, restore=d.restore, reason=d.reason,
+                                 stored=stored[root.name])
             flushing.cancel_scope.cancel()  # every download ended (a flush under way completes)
     except BaseExceptionGroup as eg:  # report the first real cause, one line
         for exc in leaves(eg):
             if isinstance(exc, (RestoreError, StoreError)):
                 raise exc from None
         raise
-    for root in roots:
-        if root.name in result.restored_roots():
+    finally:
+        run.dirs.close()
+    run.progress.finish()
+    for root in candidates.values():
+        if root.name in run.started:
             await anyio.to_thread.run_sync(syncfs, root.path)
-            clear_restoring(root)  # every file is in place and flushed
+        # every file is in place and flushed (or, after a cut-short restore, nothing is stored
+        # any more: the disk is all there is)
+        clear_restoring(root)
 
-    result.files, result.bytes = progress.files, progress.bytes
+    result.files, result.bytes = run.progress.files, run.progress.bytes
     result.seconds = time.monotonic() - t0
     metrics.restore_finished(result.seconds)
     if result.generated_names:
@@ -279,7 +388,7 @@ async def restore(
         )
     log.info("restore_done", files=result.files, bytes=result.bytes, seconds=round(result.seconds, 3),
              refused=len(result.refused), unverified=result.unverified)
-    return result
+    return run.listing, result
 
 
 def leaves(eg: BaseException):

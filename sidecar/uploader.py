@@ -11,7 +11,6 @@ entry per path meanwhile.
 from __future__ import annotations
 
 import os
-import random
 import stat
 import time
 
@@ -23,20 +22,13 @@ from sidecar import log, metrics
 from sidecar.localfs import release_free_memory, TooLarge, Unstable, Vanished, below_root_without_links, read_stable, scan_root
 from sidecar.paths import IgnoreRules, Root, UnsafeKey, locate, make_key, split_key
 from sidecar.queue import DELETE, UPLOAD, Op, PendingSet
+from sidecar.retry import backoff
 from sidecar.fence import Fence, Fenced
 from sidecar.snapshot import Change, bundle_key, encode_bundle
 from sidecar.store.base import ObjectInfo, ObjectMeta, Store, StoreError, TransientStoreError
 
-BACKOFF_START = 0.1
-BACKOFF_MAX = 30.0
 #: Store operations after which going idle also hands freed heap memory back to the system.
 TRIM_AFTER_OPS = 256
-
-
-def backoff(attempt: int) -> float:
-    """Exponential backoff with full jitter: uniform in [d/2, d], d = 0.1 s doubling up to 30 s."""
-    d = min(BACKOFF_MAX, BACKOFF_START * (2 ** max(0, attempt - 1)))
-    return random.uniform(d / 2, d)
 
 
 class Uploader:

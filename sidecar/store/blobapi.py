@@ -27,7 +27,6 @@ import random
 import ssl
 import time
 from dataclasses import dataclass
-from email.utils import formatdate
 from typing import Any, Callable, Iterable, Sequence
 from urllib.parse import quote, unquote
 
@@ -208,6 +207,17 @@ class _Pool:
             conn.close()
 
 
+_DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+
+
+def http_date(t: float | None = None) -> str:
+    """An RFC 7231 date (``Sun, 06 Nov 1994 08:49:37 GMT``), in English whatever the locale; what
+    ``email.utils.formatdate(usegmt=True)`` gives, without importing the ``email`` package."""
+    y, mon, d, hh, mm, ss, wday, _, _ = time.gmtime(t)
+    return f"{_DAYS[wday]}, {d:02d} {_MONTHS[mon - 1]} {y:04d} {hh:02d}:{mm:02d}:{ss:02d} GMT"
+
+
 def backoff(attempt: int, base: float) -> float:
     """Seconds before retry ``attempt`` (1, 2, ...): ``base * 2**(attempt-1)``, capped at 30 s,
     jittered by +-50 %. With 0.5 s and 4 retries a request gives up after about 7.5 s."""
@@ -286,7 +296,7 @@ class BlobApi:
     async def _send(self, method: str, path: str, query: list[tuple[str, str]], headers: dict[str, str],
                     body: bytes) -> Response:
         headers["x-ms-version"] = API_VERSION
-        headers["x-ms-date"] = formatdate(usegmt=True)
+        headers["x-ms-date"] = http_date()
         if body or method in ("PUT", "POST"):
             headers["Content-Length"] = str(len(body))
         await self.auth.apply(method, path, query, headers)

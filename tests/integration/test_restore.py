@@ -5,14 +5,15 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+import time
 
 import anyio
 import pytest
 
 from support import disk_tree, run_cli, write_atomic
 from sidecar.paths import Root
-from sidecar.restorer import Listing, list_store, restore
-from sidecar.store.base import NotFound, ObjectInfo, ObjectMeta
+from sidecar.restorer import restore
+from sidecar.store.base import NotFound, ObjectInfo, ObjectMeta, TransientStoreError
 
 
 def seed(work, store, files: dict[str, bytes], mode=0o640):
@@ -129,11 +130,7 @@ def test_hostile_stored_names_are_refused(tmp_path, evil):
     root = Root(".checkpoints", str(tmp_path / "w" / ".checkpoints"))
     store = MemoryStore({evil: b"evil", ".checkpoints/good.json": b"good"})
 
-    async def go():
-        listing = await list_store(store, [root])
-        return await restore(store, [root], listing)
-
-    result = anyio.run(go)
+    _, result = anyio.run(lambda: restore(store, [root]))
     assert evil in result.refused
     assert disk_tree(tmp_path) == {"w/.checkpoints/good.json": b"good"}
 
@@ -145,8 +142,7 @@ def test_symlink_inside_root_is_never_written_through(tmp_path):
     os.makedirs(root.path)
     os.symlink(outside, os.path.join(root.path, "ctx"))
     store = MemoryStore({".checkpoints/ctx/x.json": b"x", ".checkpoints/y.json": b"y"})
-    result = anyio.run(lambda: restore(store, [root], Listing(
-        {k: store._info(k) for k in store.objects}), mode="force"))
+    _, result = anyio.run(lambda: restore(store, [root], mode="force"))
     assert result.refused == [".checkpoints/ctx/x.json"]
     assert list(outside.iterdir()) == []
     assert (tmp_path / "w/.checkpoints/y.json").read_bytes() == b"y"
@@ -172,6 +168,11 @@ def test_a_large_restore_flushes_as_it_fills_and_ends_even_when_objects_vanish(t
     files = {f".checkpoints/c{i % 4}/{i}.json": os.urandom(32 * 1024) for i in range(40)}
 
     class SlowStore(MemoryStore):
+        async def list(self, prefix=""):
+            async for info in super().list(prefix):
+                yield info
+            del self.objects[".checkpoints/c1/5.json"]  # deleted once listed, before its download
+
         async def get(self, key):
             await anyio.sleep(0.01)
             return await super().get(key)
@@ -180,13 +181,93 @@ def test_a_large_restore_flushes_as_it_fills_and_ends_even_when_objects_vanish(t
     root = Root(".checkpoints", str(tmp_path / "w" / ".checkpoints"))
 
     async def go():
-        listing = await list_store(store, [root])
-        del store.objects[".checkpoints/c1/5.json"]  # deleted after the listing
         with anyio.fail_after(30):
-            return await restore(store, [root], listing, concurrency=2)
+            return await restore(store, [root], concurrency=2)
 
-    result = anyio.run(go)
+    listing, result = anyio.run(go)
+    assert ".checkpoints/c1/5.json" in listing.objects
     assert result.files == 39
     assert len(flushes) >= 3  # background flushes while filling, and the final one
     expected = {f"w/{k}": v for k, v in files.items() if k != ".checkpoints/c1/5.json"}
     assert disk_tree(tmp_path) == expected
+
+
+def test_downloads_begin_while_the_listing_is_still_arriving(tmp_path):
+    """The restore streams the listing: the first files are fetched before its last page comes.
+    (The listing below does not go on until a download has begun; a restore that waited for the
+    whole listing would hang there.)"""
+    files = {f".checkpoints/c/{i}.json": f"{i}".encode() for i in range(20)}
+    fetching = anyio.Event()
+
+    class PagedStore(MemoryStore):
+        async def list(self, prefix=""):
+            for i, key in enumerate(sorted(self.objects)):
+                if i == 5:  # the second page: only once a file of the first is on its way
+                    await fetching.wait()
+                yield self._info(key)
+
+        async def get(self, key):
+            fetching.set()
+            return await super().get(key)
+
+    root = Root(".checkpoints", str(tmp_path / "w" / ".checkpoints"))
+
+    async def go():
+        with anyio.fail_after(10):
+            return await restore(PagedStore(dict(files)), [root])
+
+    listing, result = anyio.run(go)
+    assert result.files == 20 and sorted(listing.objects) == sorted(files)
+    assert disk_tree(tmp_path) == {f"w/{k}": v for k, v in files.items()}
+    assert not (tmp_path / "w/.checkpoints/.sidecar-restoring").exists()
+
+
+def test_a_listing_that_fails_midway_is_retried_and_nothing_is_fetched_twice(tmp_path):
+    files = {f".checkpoints/c/{i}.json": os.urandom(100) for i in range(10)}
+    fetched: list[str] = []
+
+    class FlakyStore(MemoryStore):
+        lists = 0
+
+        async def list(self, prefix=""):
+            self.lists += 1
+            for i, key in enumerate(sorted(self.objects)):
+                if i == 4 and self.lists == 1:
+                    raise TransientStoreError("the listing broke off; will retry")
+                yield self._info(key)
+
+        async def get(self, key):
+            fetched.append(key)
+            return await super().get(key)
+
+    store = FlakyStore(dict(files))
+    root = Root(".checkpoints", str(tmp_path / "w" / ".checkpoints"))
+    listing, result = anyio.run(lambda: restore(store, [root], deadline=time.monotonic() + 30))
+    assert store.lists == 2 and sorted(listing.objects) == sorted(files)
+    assert sorted(k for k in fetched if k in files) == sorted(files)  # each file once
+    assert disk_tree(tmp_path) == {f"w/{k}": v for k, v in files.items()}
+
+
+def test_a_cut_short_snapshot_commit_is_laid_over_the_files_it_names(tmp_path):
+    """A bundle (a snapshot commit cut short after its bundle was stored) holds the newer state:
+    its files replace their own objects, its deletions are not restored, its new files are."""
+    from sidecar.snapshot import Change, bundle_key, encode_bundle
+
+    def change(key, data):
+        return Change(key, data, None if data is None else ObjectMeta.of(data, 2, 0o600))
+
+    bundle = encode_bundle(".checkpoints", [change(".checkpoints/a.json", b"new a"),
+                                            change(".checkpoints/b.json", None),
+                                            change(".checkpoints/c.json", b"new c"),
+                                            change(".function_approvals/x.json", b"forged")])
+    store = MemoryStore({".checkpoints/a.json": b"old a", ".checkpoints/b.json": b"old b",
+                         ".checkpoints/d.json": b"d", bundle_key(".checkpoints"): bundle})
+    roots = [Root(".checkpoints", str(tmp_path / "w" / ".checkpoints")),
+             Root(".function_approvals", str(tmp_path / "w" / ".function_approvals"))]
+    listing, result = anyio.run(lambda: restore(store, roots))
+    assert disk_tree(tmp_path) == {"w/.checkpoints/a.json": b"new a", "w/.checkpoints/c.json": b"new c",
+                                   "w/.checkpoints/d.json": b"d"}
+    assert result.refused == [".function_approvals/x.json"]
+    assert [(d.name, d.restore) for d in result.decisions] == [(".checkpoints", True), (".function_approvals", False)]
+    assert listing.bundles == {".checkpoints"}
+    assert not (tmp_path / "w/.function_approvals").exists()  # nothing stored: not even created

@@ -71,3 +71,10 @@ async def test_a_new_connection_failing_is_not_retried_without_retries():
         await api.aclose()
         srv.close()
         await srv.wait_closed()
+
+
+@pytest.mark.parametrize("t", [0, 784111777, 951782400.5, 1709164800, 1796061181.9, 4102444799])
+def test_http_date_is_what_email_utils_writes(t):
+    from email.utils import formatdate
+
+    assert blobapi.http_date(t) == formatdate(t, usegmt=True)

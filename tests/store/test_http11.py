@@ -135,7 +135,7 @@ async def test_keep_alive_then_the_server_closing_an_idle_connection_is_noticed(
 
 
 async def test_connection_close_and_extra_bytes_end_reuse():
-    (_, _, body), conn, _ = await one(b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 1\r\n\r\na")
+    (_, _, body), _conn, _ = await one(b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 1\r\n\r\na")
     assert body == b"a"
     server = Canned(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\naEXTRA")
     async with connected(server) as (conn, port):

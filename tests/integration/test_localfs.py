@@ -1,0 +1,43 @@
+"""localfs's restore writes against real directories: symlinks, evicted descriptors."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from support import disk_tree
+from sidecar.localfs import OpenDirs, UnsafeTarget, write_restored
+from sidecar.paths import Root
+
+
+def test_open_dirs_writes_where_the_uncached_walk_does_and_bounds_its_descriptors(tmp_path):
+    root = Root(".checkpoints", str(tmp_path / "w" / ".checkpoints"))
+    dirs = OpenDirs(limit=3)
+    fds_before = len(os.listdir("/proc/self/fd"))
+    try:
+        for i in range(12):
+            write_restored(root, [f"c{i % 5}", "deep", f"{i}.json"], b"%d" % i, 1, 0o600, None, dirs)
+            assert len(dirs._fds) <= 3
+        assert len(os.listdir("/proc/self/fd")) <= fds_before + 3
+    finally:
+        dirs.close()
+    assert len(os.listdir("/proc/self/fd")) == fds_before
+    assert disk_tree(tmp_path) == {f"w/.checkpoints/c{i % 5}/deep/{i}.json": b"%d" % i for i in range(12)}
+
+
+def test_open_dirs_never_walks_through_a_symlink(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    root = Root(".checkpoints", str(tmp_path / "w" / ".checkpoints"))
+    os.makedirs(root.path)
+    os.symlink(outside, os.path.join(root.path, "ctx"))
+    dirs = OpenDirs()
+    try:
+        with pytest.raises(UnsafeTarget):
+            write_restored(root, ["ctx", "x.json"], b"x", 1, 0o600, None, dirs)
+        write_restored(root, ["ok", "y.json"], b"y", 1, 0o600, None, dirs)
+    finally:
+        dirs.close()
+    assert list(outside.iterdir()) == []
+    assert (tmp_path / "w/.checkpoints/ok/y.json").read_bytes() == b"y"
