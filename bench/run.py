@@ -59,6 +59,11 @@ RESULTS: list[dict] = []
 SIDECAR_PY = sys.executable
 
 
+def sidecar_cmd() -> list[str]:
+    """The installed ``checkpoint-sidecar`` command, as the image and the manifests run it."""
+    return [str(Path(SIDECAR_PY).parent / "checkpoint-sidecar")]
+
+
 def install_sidecar(where: Path) -> str:
     """``pip install -c constraints.txt .`` into a fresh virtual environment, as the Dockerfile
     does; its python. The development venv would measure a different program: its editable
@@ -100,7 +105,7 @@ class SidecarProc:
 
     def __init__(self, args: list[str], cwd: Path, env: dict[str, str]) -> None:
         self.lines: queue.Queue = queue.Queue()
-        self.proc = subprocess.Popen([SIDECAR_PY, "-m", "sidecar", *args], cwd=cwd, env=env,
+        self.proc = subprocess.Popen([*sidecar_cmd(), *args], cwd=cwd, env=env,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -250,7 +255,7 @@ async def bench_restore(az: Azurite, tmp: Path, n: int, size: int, rounds: int) 
         work = tmp / f"restore{r}"
         work.mkdir()
         t0 = time.perf_counter()
-        subprocess.run([SIDECAR_PY, "-m", "sidecar", "restore", "--store", f"{az.url}/restore", "--log-level", "warning"],
+        subprocess.run([*sidecar_cmd(), "restore", "--store", f"{az.url}/restore", "--log-level", "warning"],
                        cwd=work, env=env_for(az.connection_string), check=True)
         ours.append(time.perf_counter() - t0)
         assert sum(1 for p in (work / ".checkpoints").rglob("*.json")) == n
@@ -299,7 +304,7 @@ async def bench_footprint(az: Azurite, tmp: Path, n: int, seconds: float) -> Non
     sc = SidecarProc(["sync", "--store", f"{az.url}/idle"], work, env_for(az.connection_string))
     sc.wait("ready", timeout=300)
     while sc.proc.poll() is None:  # until the initial reconcile's uploads are done
-        status = subprocess.run([SIDECAR_PY, "-m", "sidecar", "status", "--store", f"{az.url}/idle"], cwd=work,
+        status = subprocess.run([*sidecar_cmd(), "status", "--store", f"{az.url}/idle"], cwd=work,
                                 env=env_for(az.connection_string), capture_output=True)
         if status.returncode == 0:
             break
@@ -383,7 +388,7 @@ def bench_coldstart(az: Azurite, tmp: Path, rounds: int) -> None:
         await store.aclose()
 
     asyncio.run(seed())
-    wrapper = [SIDECAR_PY, "-m", "sidecar", "run", "--store", f"{az.url}/cold", "--http-addr", "", "--"]
+    wrapper = [*sidecar_cmd(), "run", "--store", f"{az.url}/cold", "--http-addr", "", "--"]
     bare, wrapped, spawned = [], [], []
     # Round 0 warms what a long-lived service would have warm and is not counted: the page cache
     # for both virtual environments, and the emulator's JIT for its GET and LIST paths (the seed
@@ -440,7 +445,7 @@ def main() -> int:
                 asyncio.run(bench_burst(az, tmp, 100 if q else 1000))
         if "restore" in only:
             with fresh("restore") as az:
-                asyncio.run(bench_restore(az, tmp, 100 if q else 1000, 10 * 1024 if q else 100 * 1024, 1 if q else 5))
+                asyncio.run(bench_restore(az, tmp, 100 if q else 1000, 10 * 1024 if q else 100 * 1024, 1 if q else 9))
         if "footprint" in only:
             with fresh("footprint") as az:
                 asyncio.run(bench_footprint(az, tmp, 500 if q else 10_000, 3 if q else 60))

@@ -242,11 +242,14 @@ class _Restore:
     async def work(self, receive) -> None:
         async with receive:
             async for root, info, bundled in receive:
-                if bundled is None:
-                    await self.overlay_known[root.name].wait()
-                    if info.key in self.overlays[root.name]:
-                        continue  # the bundle's newer version is queued on its own, or it deleted the file
+                if bundled is None and self._superseded(root, info):
+                    continue
                 await self._place(root, info, bundled)
+
+    def _superseded(self, root: Root, info: ObjectInfo) -> bool:
+        """The root's bundle names the file: its newer version is queued on its own, or it was deleted."""
+        overlay = self.overlays.get(root.name)
+        return overlay is not None and info.key in overlay
 
     async def _place(self, root: Root, info: ObjectInfo, bundled: Change | None) -> None:
         try:
@@ -265,6 +268,11 @@ class _Restore:
                     data, got = await self.store.get(info.key)
                 except NotFound:
                     log.warning("restore_vanished", path=info.key)
+                    return
+                # Downloads do not wait for the root's bundle to be read (a round trip, usually
+                # a "not found"); writes do.
+                await self.overlay_known[root.name].wait()
+                if self._superseded(root, info):
                     return
                 expected = got.sha256 or info.sha256
                 if expected is None:
@@ -348,9 +356,9 @@ async def restore(
                 run.receive.close()
                 async with run.send:  # closed once every file is queued: the workers then drain and end
                     async with anyio.create_task_group() as feeders:
-                        feeders.start_soon(run.list, deadline)
-                        for root in candidates.values():
+                        for root in candidates.values():  # first: their requests go out before the listing's next page
                             feeders.start_soon(run.overlay, root, deadline)
+                        feeders.start_soon(run.list, deadline)
                     stored = run.stored()
                     for root in roots:
                         local, cut_short = disk[root.name]

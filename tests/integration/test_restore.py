@@ -271,3 +271,31 @@ def test_a_cut_short_snapshot_commit_is_laid_over_the_files_it_names(tmp_path):
     assert [(d.name, d.restore) for d in result.decisions] == [(".checkpoints", True), (".function_approvals", False)]
     assert listing.bundles == {".checkpoints"}
     assert not (tmp_path / "w/.function_approvals").exists()  # nothing stored: not even created
+
+
+def test_downloads_do_not_wait_for_the_bundle_but_writes_do(tmp_path):
+    """Reading a root's bundle (usually a "not found") is a round trip the downloads do not wait
+    for; no file is written before its answer, which here comes only once a download has begun."""
+    from sidecar.snapshot import bundle_key
+
+    files = {f".checkpoints/{i}.json": b"x" for i in range(5)}
+    downloading = anyio.Event()
+    written_before_answer: list[str] = []
+    root = Root(".checkpoints", str(tmp_path / "w" / ".checkpoints"))
+
+    class SlowBundleStore(MemoryStore):
+        async def get(self, key):
+            if key == bundle_key(".checkpoints"):
+                await downloading.wait()
+                written_before_answer.extend(os.listdir(root.path))
+                raise NotFound(key)
+            downloading.set()
+            return await super().get(key)
+
+    async def go():
+        with anyio.fail_after(10):
+            return await restore(SlowBundleStore(dict(files)), [root])
+
+    _, result = anyio.run(go)
+    assert result.files == 5
+    assert [n for n in written_before_answer if n.endswith(".json")] == []
