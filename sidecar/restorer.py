@@ -32,7 +32,7 @@ from sidecar.localfs import (
 from sidecar.paths import Root, UnsafeKey, split_key
 from sidecar.plan import RootDecision, decide_restore, may_restore
 from sidecar.retry import retry_transient
-from sidecar.snapshot import BUNDLE_DIR, Change, fetch_bundle
+from sidecar.snapshot import BUNDLE_DIR, BundleError, Change, fetch_bundle
 from sidecar.store.base import NotFound, ObjectInfo, Store, StoreError
 
 GENERATED_NAME = re.compile(rb"WorkflowBuilder-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
@@ -148,6 +148,11 @@ class _Progress:
         self.total_files += 1
         self.total_bytes += size
 
+    def forget(self, size: int) -> None:
+        """A listed file that will not be restored after all (its bundle replaced or deleted it)."""
+        self.total_files -= 1
+        self.total_bytes -= size
+
     def add(self, n: int) -> None:
         self.files += 1
         self.bytes += n
@@ -198,6 +203,7 @@ class _Restore:
         #: each candidate's bundle by key, once fetched: what a cut-short snapshot commit left
         self.overlays: dict[str, dict[str, Change]] = {}
         self.overlay_known = {name: anyio.Event() for name in candidates}
+        self.bundles_read: set[str] = set()  # candidates whose bundle was there when read
         self.progress = _Progress()
         self.dirs = OpenDirs()  # for the files written here on the event loop, not in threads
         self.send, self.receive = anyio.create_memory_object_stream[_Item](math.inf)
@@ -230,11 +236,28 @@ class _Restore:
     async def overlay(self, root: Root, deadline: float) -> None:
         """Fetch the root's bundle, if a snapshot commit was cut short: it holds the newer state of
         the files it names (and their deletion), which replaces their own objects."""
-        changes = await retry_transient(lambda: fetch_bundle(self.store, root.name), "get", deadline) or []
-        self.overlays[root.name] = {c.key: c for c in changes}
-        if changes:
-            log.info("restore_bundle", root=root.path, changes=len(changes))
+        try:
+            found = await retry_transient(lambda: fetch_bundle(self.store, root.name), "get", deadline)
+        except BundleError as e:
+            raise RestoreError(f"the snapshot bundle of {root.path} in {self.store.description} is unreadable: {e}") from None
+        changes = found or []
+        if found is not None:
+            self.bundles_read.add(root.name)
+        overlay: dict[str, Change] = {}
         for c in changes:
+            try:
+                owner, _ = split_key(c.key, self.by_name)
+                if owner is not root:
+                    raise UnsafeKey(f"the bundle of {root.name} names a file of {owner.name}")
+            except UnsafeKey as e:  # only a forged bundle can: refused, and it hides no listed file
+                log.error("restore_refused_name", path=printable(c.key), reason=str(e))
+                self.result.refused.append(c.key)
+                continue
+            overlay[c.key] = c
+        self.overlays[root.name] = overlay
+        if changes:
+            log.info("restore_bundle", root=root.path, changes=len(overlay))
+        for c in overlay.values():
             if c.data is not None:
                 self._queue(root, ObjectInfo(c.key, c.meta.size, c.meta.sha256, c.meta.mtime_ns, c.meta.mode), c)
         self.overlay_known[root.name].set()
@@ -243,6 +266,7 @@ class _Restore:
         async with receive:
             async for root, info, bundled in receive:
                 if bundled is None and self._superseded(root, info):
+                    self.progress.forget(info.size)
                     continue
                 await self._place(root, info, bundled)
 
@@ -273,6 +297,7 @@ class _Restore:
                 # a "not found"); writes do.
                 await self.overlay_known[root.name].wait()
                 if self._superseded(root, info):
+                    self.progress.forget(info.size)
                     return
                 expected = got.sha256 or info.sha256
                 if expected is None:
@@ -359,6 +384,13 @@ async def restore(
                         for root in candidates.values():  # first: their requests go out before the listing's next page
                             feeders.start_soon(run.overlay, root, deadline)
                         feeders.start_soon(run.list, deadline)
+                    for name in candidates:
+                        if name in run.listing.bundles and name not in run.bundles_read:
+                            # read as absent, listed since: another sidecar (still draining, see
+                            # fence.py) began a snapshot commit while we were restoring the root
+                            raise RestoreError(
+                                f"a snapshot commit of {candidates[name].path} began in {store.description} while "
+                                "it was being restored (an older sidecar is still writing); restore again")
                     stored = run.stored()
                     for root in roots:
                         local, cut_short = disk[root.name]
@@ -369,6 +401,11 @@ async def restore(
             flushing.cancel_scope.cancel()  # every download ended (a flush under way completes)
     except BaseExceptionGroup as eg:  # report the first real cause, one line
         for exc in leaves(eg):
+            if isinstance(exc, StoreError) and run.started:
+                # Files are already in place: the roots hold a fragment now, which must not
+                # pass for a restore that found the store unreachable (SIDECAR_RESTORE_OPTIONAL
+                # starts the host then). Their markers stay: the next start restores them again.
+                raise RestoreError(f"cut short after {run.progress.files} files: {exc}") from None
             if isinstance(exc, (RestoreError, StoreError)):
                 raise exc from None
         raise
@@ -378,9 +415,9 @@ async def restore(
     for root in candidates.values():
         if root.name in run.started:
             await anyio.to_thread.run_sync(syncfs, root.path)
-        # every file is in place and flushed (or, after a cut-short restore, nothing is stored
-        # any more: the disk is all there is)
-        clear_restoring(root)
+            clear_restoring(root)  # every file is in place and flushed
+        elif disk[root.name][1]:
+            clear_restoring(root)  # a cut-short restore, and nothing is stored any more: the disk is all there is
 
     result.files, result.bytes = run.progress.files, run.progress.bytes
     result.seconds = time.monotonic() - t0

@@ -536,8 +536,7 @@ class AzureBlobStore:
             raise
         return response.headers.get("etag")
 
-    async def _list_page(self, start: str, marker: str) -> bytes:
-        size = FIRST_PAGE_RESULTS if not marker else 5000
+    async def _list_page(self, start: str, marker: str, size: int = 5000) -> bytes:
         query = [("restype", "container"), ("comp", "list"), ("include", "metadata"), ("maxresults", str(size))]
         if start:
             query.append(("prefix", start))
@@ -552,7 +551,7 @@ class AzureBlobStore:
         trip); create the container when missing."""
         try:
             try:
-                self._first_page = await self._list_page(self._name_prefix, "")
+                self._first_page = await self._list_page(self._name_prefix, "", FIRST_PAGE_RESULTS)
             except blobapi.HttpError as e:
                 if (e.status, e.code) != (404, "ContainerNotFound"):
                     raise

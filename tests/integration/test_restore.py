@@ -207,7 +207,8 @@ def test_downloads_begin_while_the_listing_is_still_arriving(tmp_path):
                 yield self._info(key)
 
         async def get(self, key):
-            fetching.set()
+            if key in files:  # a file, not the root's bundle
+                fetching.set()
             return await super().get(key)
 
     root = Root(".checkpoints", str(tmp_path / "w" / ".checkpoints"))
@@ -261,16 +262,83 @@ def test_a_cut_short_snapshot_commit_is_laid_over_the_files_it_names(tmp_path):
                                             change(".checkpoints/c.json", b"new c"),
                                             change(".function_approvals/x.json", b"forged")])
     store = MemoryStore({".checkpoints/a.json": b"old a", ".checkpoints/b.json": b"old b",
-                         ".checkpoints/d.json": b"d", bundle_key(".checkpoints"): bundle})
+                         ".checkpoints/d.json": b"d", ".function_approvals/x.json": b"real x",
+                         bundle_key(".checkpoints"): bundle})
     roots = [Root(".checkpoints", str(tmp_path / "w" / ".checkpoints")),
              Root(".function_approvals", str(tmp_path / "w" / ".function_approvals"))]
     listing, result = anyio.run(lambda: restore(store, roots))
+    # the forged change to another root's file is refused, and hides nothing: the real one is restored
     assert disk_tree(tmp_path) == {"w/.checkpoints/a.json": b"new a", "w/.checkpoints/c.json": b"new c",
-                                   "w/.checkpoints/d.json": b"d"}
+                                   "w/.checkpoints/d.json": b"d", "w/.function_approvals/x.json": b"real x"}
     assert result.refused == [".function_approvals/x.json"]
-    assert [(d.name, d.restore) for d in result.decisions] == [(".checkpoints", True), (".function_approvals", False)]
+    assert [(d.name, d.restore) for d in result.decisions] == [(".checkpoints", True), (".function_approvals", True)]
     assert listing.bundles == {".checkpoints"}
-    assert not (tmp_path / "w/.function_approvals").exists()  # nothing stored: not even created
+    assert not list(tmp_path.rglob(".sidecar-restoring"))
+
+
+def test_a_root_with_nothing_stored_is_not_even_created(tmp_path):
+    store = MemoryStore({".checkpoints/a.json": b"a"})
+    roots = [Root(".checkpoints", str(tmp_path / "w" / ".checkpoints")),
+             Root(".function_approvals", str(tmp_path / "w" / ".function_approvals"))]
+    _, result = anyio.run(lambda: restore(store, roots))
+    assert [(d.name, d.restore, d.reason) for d in result.decisions][1] == (".function_approvals", False, "nothing stored")
+    assert not (tmp_path / "w/.function_approvals").exists()
+
+
+def test_a_listing_lost_after_files_landed_fails_the_restore_and_keeps_the_marker(tmp_path):
+    """Once files are in place, a store that stops answering leaves a fragment: that is a failed
+    restore (the host must not start on it, even with SIDECAR_RESTORE_OPTIONAL), not an
+    unreachable store, and the root's marker stays so that the next start restores it again."""
+    from sidecar.restorer import RestoreError
+
+    files = {f".checkpoints/c/{i}.json": b"x" for i in range(10)}
+    root = Root(".checkpoints", str(tmp_path / "w" / ".checkpoints"))
+
+    class DyingStore(MemoryStore):
+        async def list(self, prefix=""):
+            for i, key in enumerate(sorted(self.objects)):
+                if i == 3:
+                    while not list(tmp_path.rglob("*.json")):  # until a file has landed
+                        await anyio.sleep(0.005)
+                    raise TransientStoreError("connection refused; will retry")
+                yield self._info(key)
+
+    async def go():
+        with anyio.fail_after(10):
+            await restore(DyingStore(dict(files)), [root])
+
+    with pytest.raises(RestoreError, match="cut short after .* connection refused"):
+        anyio.run(go)
+    assert (tmp_path / "w/.checkpoints/.sidecar-restoring").exists()
+
+
+def test_a_snapshot_commit_that_begins_during_the_restore_fails_it(tmp_path):
+    """The bundle is read first; if the listing then shows one, another sidecar began a commit
+    meanwhile and the files restored may mix two states: the restore fails (and is redone)."""
+    from sidecar.restorer import RestoreError
+    from sidecar.snapshot import bundle_key
+
+    class CommitDuringRestore(MemoryStore):
+        async def list(self, prefix=""):
+            async for info in super().list(prefix):
+                yield info
+            self.objects[bundle_key(".checkpoints")] = b"written by another sidecar"
+            yield self._info(bundle_key(".checkpoints"))
+
+    root = Root(".checkpoints", str(tmp_path / "w" / ".checkpoints"))
+    with pytest.raises(RestoreError, match="snapshot commit .* began"):
+        anyio.run(lambda: restore(CommitDuringRestore({".checkpoints/a.json": b"a"}), [root]))
+    assert (tmp_path / "w/.checkpoints/.sidecar-restoring").exists()
+
+
+def test_an_unreadable_bundle_is_a_one_line_restore_error(tmp_path):
+    from sidecar.restorer import RestoreError
+    from sidecar.snapshot import bundle_key
+
+    store = MemoryStore({".checkpoints/a.json": b"a", bundle_key(".checkpoints"): b"\x00 not a bundle"})
+    root = Root(".checkpoints", str(tmp_path / "w" / ".checkpoints"))
+    with pytest.raises(RestoreError, match="bundle of .* is unreadable"):
+        anyio.run(lambda: restore(store, [root]))
 
 
 def test_downloads_do_not_wait_for_the_bundle_but_writes_do(tmp_path):

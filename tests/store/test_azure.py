@@ -654,3 +654,23 @@ async def test_zero_byte_blob_and_odd_names_round_trip_with_the_sdk(azure_stores
     await store.delete("r/sp ace/ü.json")
     with pytest.raises(NotFound):
         await store.get("r/sp ace/ü.json")
+
+
+@pytest.mark.azure
+async def test_the_small_first_page_is_only_open_s_and_the_listing_goes_on_after_it(azure_stores, monkeypatch):
+    """open() asks for a small first page (a restore downloads from it while the rest comes);
+    list() follows its NextMarker with full pages, and any later listing asks for full pages."""
+    from sidecar.store import azure
+
+    monkeypatch.setattr(azure, "FIRST_PAGE_RESULTS", 5)
+    seed = await azure_stores("pages")
+    keys = sorted(f"r/f{i:02d}" for i in range(12))
+    for k in keys:
+        await seed.put(k, b"x", meta(b"x", 1))
+    counter = RequestCounter()
+    store = await azure_stores("pages", request_hook=counter)  # opened: the first 5
+    assert [i.key async for i in store.list()] == keys
+    assert len(counter.requests) == 2  # open()'s page of 5, then one page with the other 7
+    counter.requests.clear()
+    assert [i.key async for i in store.list()] == keys
+    assert len(counter.requests) == 1  # a full page
