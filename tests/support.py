@@ -87,6 +87,18 @@ def seed_directory_store(store: Path, files: dict[str, bytes], mtime_ns: int = 1
     anyio.run(seed)
 
 
+def checkpoints_root_with_a_link_out(tmp_path: Path):
+    """``tmp_path/w/.checkpoints`` (a Root) whose ``ctx`` is a symlink to ``tmp_path/outside``."""
+    from sidecar.paths import Root
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    root = Root(".checkpoints", str(tmp_path / "w" / ".checkpoints"))
+    os.makedirs(root.path)
+    os.symlink(outside, os.path.join(root.path, "ctx"))
+    return root, outside
+
+
 def store_tree(store: Path, root_name: str = ".checkpoints") -> dict[str, bytes]:
     """What the directory store holds for one root, in the same shape as :func:`disk_tree`."""
     return disk_tree(store / root_name)

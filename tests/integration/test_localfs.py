@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from support import disk_tree
+from support import checkpoints_root_with_a_link_out, disk_tree
 from sidecar.localfs import OpenDirs, UnsafeTarget, write_restored
 from sidecar.paths import Root
 
@@ -27,11 +27,7 @@ def test_open_dirs_writes_where_the_uncached_walk_does_and_bounds_its_descriptor
 
 
 def test_open_dirs_never_walks_through_a_symlink(tmp_path):
-    outside = tmp_path / "outside"
-    outside.mkdir()
-    root = Root(".checkpoints", str(tmp_path / "w" / ".checkpoints"))
-    os.makedirs(root.path)
-    os.symlink(outside, os.path.join(root.path, "ctx"))
+    root, outside = checkpoints_root_with_a_link_out(tmp_path)
     dirs = OpenDirs()
     try:
         with pytest.raises(UnsafeTarget):

@@ -10,7 +10,7 @@ import time
 import anyio
 import pytest
 
-from support import disk_tree, run_cli, write_atomic
+from support import checkpoints_root_with_a_link_out, disk_tree, run_cli, write_atomic
 from sidecar.paths import Root
 from sidecar.restorer import restore
 from sidecar.store.base import NotFound, ObjectInfo, ObjectMeta, TransientStoreError
@@ -136,11 +136,7 @@ def test_hostile_stored_names_are_refused(tmp_path, evil):
 
 
 def test_symlink_inside_root_is_never_written_through(tmp_path):
-    outside = tmp_path / "outside"
-    outside.mkdir()
-    root = Root(".checkpoints", str(tmp_path / "w" / ".checkpoints"))
-    os.makedirs(root.path)
-    os.symlink(outside, os.path.join(root.path, "ctx"))
+    root, outside = checkpoints_root_with_a_link_out(tmp_path)
     store = MemoryStore({".checkpoints/ctx/x.json": b"x", ".checkpoints/y.json": b"y"})
     _, result = anyio.run(lambda: restore(store, [root], mode="force"))
     assert result.refused == [".checkpoints/ctx/x.json"]
