@@ -34,6 +34,7 @@ from xml.etree import ElementTree
 
 from sidecar.paths import MAX_KEY_BYTES, UnsafeKey, validate_relpath
 from sidecar.store import blobapi
+from sidecar.store.proxy import proxy_for
 from sidecar.store.base import NotFound, ObjectInfo, ObjectMeta, StoreError, TransientStoreError
 
 log = logging.getLogger(__name__)
@@ -362,6 +363,7 @@ class AzureBlobStore:
         connection_timeout: float = 10,
         read_timeout: float = 60,
         request_hook: Callable[[str, str], None] | None = None,
+        proxy_env: Mapping[str, str] | None = None,
     ) -> None:
         self.location = location
         self.container_name = location.container
@@ -379,10 +381,12 @@ class AzureBlobStore:
         self.description = redact(
             "/".join(p for p in (endpoint_url, location.container, location.prefix) if p), credentials.secrets
         )
+        proxy = proxy_for(parts.scheme, parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80),
+                          os.environ if proxy_env is None else proxy_env)
         self._api = blobapi.BlobApi(
             f"{parts.scheme}://{parts.netloc}", parts.path, credentials.auth, max_connections=max_concurrency,
             retry_total=retry_total, retry_backoff=retry_backoff, connection_timeout=connection_timeout,
-            read_timeout=read_timeout, hook=request_hook,
+            read_timeout=read_timeout, hook=request_hook, proxy=proxy,
         )
         self._container_path = self._api.path(location.container)
         self._name_prefix = f"{location.prefix}/" if location.prefix else ""
@@ -401,7 +405,8 @@ class AzureBlobStore:
 
         ``env`` (default ``os.environ``) supplies the credentials; ``options`` tune the client
         (``max_concurrency`` connections, ``retry_total``, ``retry_backoff``,
-        ``connection_timeout``, ``read_timeout``, ``request_hook``).
+        ``connection_timeout``, ``read_timeout``, ``request_hook``). The proxy, if any, comes
+        from ``env`` too (``HTTPS_PROXY``, ``NO_PROXY``: :mod:`sidecar.store.proxy`).
         Raises ValueError, without any secret in the message, for a bad URL or credential.
         """
         env = os.environ if env is None else env
@@ -412,6 +417,7 @@ class AzureBlobStore:
         except ValueError as e:
             # The URL may carry a SAS token; never echo it.
             raise ValueError(redact(str(e), [urlsplit(url).query] if "?" in url else [])) from None
+        options.setdefault("proxy_env", env)
         return cls(location, _pick_credentials(env, location.account, location.sas, location.scheme), **options)
 
     # -- helpers -------------------------------------------------------------------------------
@@ -496,7 +502,15 @@ class AzureBlobStore:
         return done(StoreError, f"unexpected answer{detail}")
 
     def _connection_error(self, e: blobapi.ConnectionFailure, done) -> StoreError:
-        endpoint = self.endpoint
+        proxy = self._api.proxy
+        endpoint = self.endpoint + (f" through the proxy {proxy.description}" if proxy is not None else "")
+        if e.kind == "proxy":
+            if e.status in (401, 403, 407):
+                return done(StoreError, f"the proxy {proxy.description if proxy else ''} refused the connection to "
+                                        f"{self.endpoint} (HTTP {e.status}); check the credentials in HTTPS_PROXY "
+                                        "and the proxy's allow list, or add the host to NO_PROXY")
+            return done(TransientStoreError, f"the proxy {proxy.description if proxy else ''} could not reach "
+                                             f"{self.endpoint} (HTTP {e.status}); will retry later")
         if e.kind == "tls":
             return done(StoreError, f"TLS failure talking to {endpoint}; check the URL scheme and host, "
                                     "the CA bundle (SSL_CERT_FILE) and any TLS-intercepting proxy")

@@ -33,6 +33,7 @@ from urllib.parse import quote, unquote
 import anyio
 
 from sidecar.store import http11
+from sidecar.store.proxy import Proxy
 
 #: The REST API version every request asks for (supported by Azure and by Azurite 3.35).
 API_VERSION = "2021-12-02"
@@ -53,10 +54,11 @@ class HttpError(Exception):
 
 
 class ConnectionFailure(Exception):
-    """No answer: ``kind`` is ``dns``, ``refused``, ``timeout``, ``tls`` or ``failed``."""
+    """No answer: ``kind`` is ``dns``, ``refused``, ``timeout``, ``tls``, ``proxy`` (the proxy
+    refused the tunnel; ``status`` says how) or ``failed``."""
 
-    def __init__(self, kind: str, detail: str = "") -> None:
-        self.kind, self.detail = kind, detail
+    def __init__(self, kind: str, detail: str = "", status: int | None = None) -> None:
+        self.kind, self.detail, self.status = kind, detail, status
         super().__init__(f"{kind}: {detail}" if detail else kind)
 
 
@@ -156,7 +158,7 @@ class _Pool:
     request is sent on it (:class:`http11.StaleConnection`: no byte of an answer came) is
     replaced at once, not counted as a failure."""
 
-    def __init__(self, base_url: str, size: int, keepalive: float = 30.0) -> None:
+    def __init__(self, base_url: str, size: int, keepalive: float = 30.0, proxy: Proxy | None = None) -> None:
         scheme, _, hostport = base_url.partition("://")
         host, port = hostport, None
         if hostport.startswith("["):
@@ -168,6 +170,10 @@ class _Pool:
         self._host, self._port = host, port or (443 if scheme == "https" else 80)
         self.host_header = hostport  # as in the URL: host[:port]
         self._ssl = ssl.create_default_context() if scheme == "https" else None
+        self._proxy = proxy
+        #: plain http through a proxy: requests name the whole URL (absolute form) and carry the
+        #: proxy's credentials; https goes through a CONNECT tunnel instead
+        self._absolute = f"{scheme}://{hostport}" if proxy is not None and self._ssl is None else ""
         self._keepalive = keepalive
         self._slots = anyio.Semaphore(size)
         self._idle: list[http11.Connection] = []
@@ -186,8 +192,13 @@ class _Pool:
                     candidate.close()
                 reused = conn is not None
                 if conn is None:
-                    conn = await http11.Connection.open(self._host, self._port, self._ssl, connect_timeout)
+                    conn = await http11.Connection.open(self._host, self._port, self._ssl, connect_timeout, self._proxy)
                 try:
+                    if self._absolute:
+                        target = self._absolute + target if target.startswith("/") else target
+                        if self._proxy is not None and self._proxy.authorization and not any(
+                                n == "Proxy-Authorization" for n, _ in headers):
+                            headers = [*headers, ("Proxy-Authorization", self._proxy.authorization)]
                     answer = await conn.request(method, target, self.host_header, headers, body, read_timeout)
                 except http11.StaleConnection:
                     conn.close()
@@ -231,6 +242,8 @@ def _connection_kind(e: BaseException) -> str:
     while x is not None and len(chain) < 8:
         chain.append(x)
         x = x.__cause__ or x.__context__
+    if any(isinstance(c, http11.ProxyRefused) for c in chain):
+        return "proxy"
     if any(isinstance(c, (ssl.SSLError, ssl.CertificateError)) for c in chain):
         return "tls"
     if any(isinstance(c, OSError) and type(c).__name__ == "gaierror" for c in chain):
@@ -257,12 +270,14 @@ class BlobApi:
 
     def __init__(self, base_url: str, base_path: str, auth: Any, *, max_connections: int = 32,
                  retry_total: int = 4, retry_backoff: float = 0.5, connection_timeout: float = 10,
-                 read_timeout: float = 60, hook: Callable[[str, str], None] | None = None) -> None:
+                 read_timeout: float = 60, hook: Callable[[str, str], None] | None = None,
+                 proxy: Proxy | None = None) -> None:
         self.base_url, self.base_path, self.auth = base_url.rstrip("/"), base_path.rstrip("/"), auth
         self.retry_total, self.retry_backoff = retry_total, retry_backoff
         self._connect_timeout, self._read_timeout = connection_timeout, read_timeout
         self._hook = hook  # tests: called with (method, path) for every request sent
-        self._pool = _Pool(self.base_url, max_connections)
+        self.proxy = proxy
+        self._pool = _Pool(self.base_url, max_connections, proxy=proxy)
 
     def path(self, container: str, name: str | None = None) -> str:
         p = f"{self.base_path}/{container}"
@@ -281,8 +296,10 @@ class BlobApi:
             try:
                 response = await self._send(method, path, list(query), dict(headers or {}), body)
             except (http11.ProtocolError, TimeoutError, OSError) as e:
-                failure = ConnectionFailure(_connection_kind(e), type(e).__name__)
-                if failure.kind == "tls" or attempt >= self.retry_total:
+                status = e.status if isinstance(e, http11.ProxyRefused) else None
+                failure = ConnectionFailure(_connection_kind(e), type(e).__name__, status)
+                permanent = failure.kind == "tls" or status in (401, 403, 407)
+                if permanent or attempt >= self.retry_total:
                     raise failure from None
             else:
                 if response.status in expect:

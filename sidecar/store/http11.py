@@ -15,9 +15,14 @@ in ``bench/RESULTS.md``). This module does only what the store needs, and checks
   anything unexpected; a server closing an idle connection is noticed by the event loop at once;
 * an inactivity timeout: no byte received (and no write progress) for ``read_timeout`` seconds.
 
+Through an HTTP proxy (:class:`~sidecar.store.proxy.Proxy`), a TLS connection is a ``CONNECT``
+tunnel with TLS started inside it; a plain one is a connection to the proxy, which the caller
+sends absolute-form requests on.
+
 Errors: :class:`ProtocolError` for a malformed or cut-short answer, :class:`StaleConnection` when
 a kept-alive connection is found closed (no byte of the answer came: the request can be sent
-again on a new connection), ``TimeoutError``, and ``OSError`` / ``ssl.SSLError`` from connecting.
+again on a new connection), :class:`ProxyRefused` when a proxy answers ``CONNECT`` with an error,
+``TimeoutError``, and ``OSError`` / ``ssl.SSLError`` from connecting.
 """
 
 from __future__ import annotations
@@ -26,7 +31,10 @@ import asyncio
 import re
 import ssl
 import time
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
+
+if TYPE_CHECKING:
+    from sidecar.store.proxy import Proxy
 
 MAX_HEAD = 64 * 1024
 _NO_BODY_STATUS = frozenset({204, 304})
@@ -36,6 +44,14 @@ _HEX = re.compile(rb"[0-9A-Fa-f]+")
 
 class ProtocolError(Exception):
     """The server's answer was malformed, or the connection ended in the middle of it."""
+
+
+class ProxyRefused(ProtocolError):
+    """The proxy answered ``CONNECT`` with a non-2xx status (407: it wants other credentials)."""
+
+    def __init__(self, status: int, proxy: str) -> None:
+        self.status = status
+        super().__init__(f"the proxy {proxy} refused the tunnel: HTTP {status}")
 
 
 class StaleConnection(ProtocolError):
@@ -86,11 +102,42 @@ class Connection(asyncio.Protocol):
 
     # -- use ----------------------------------------------------------------------------------------
     @classmethod
-    async def open(cls, host: str, port: int, ssl_context: ssl.SSLContext | None, timeout: float) -> "Connection":
+    async def open(cls, host: str, port: int, ssl_context: ssl.SSLContext | None, timeout: float,
+                   proxy: Proxy | None = None) -> "Connection":
         loop = asyncio.get_running_loop()
-        kw = {"ssl": ssl_context, "server_hostname": host, "ssl_handshake_timeout": timeout} if ssl_context else {}
-        _transport, conn = await asyncio.wait_for(loop.create_connection(cls, host, port, **kw), timeout)
+        if proxy is None:
+            kw = {"ssl": ssl_context, "server_hostname": host, "ssl_handshake_timeout": timeout} if ssl_context else {}
+            _transport, conn = await asyncio.wait_for(loop.create_connection(cls, host, port, **kw), timeout)
+            return conn
+        _transport, conn = await asyncio.wait_for(loop.create_connection(cls, proxy.host, proxy.port), timeout)
+        if ssl_context is not None:
+            try:
+                await asyncio.wait_for(conn._tunnel(host, port, proxy, ssl_context, timeout), timeout)
+            except BaseException:
+                conn.close()
+                raise
         return conn
+
+    async def _tunnel(self, host: str, port: int, proxy: Proxy, ssl_context: ssl.SSLContext, timeout: float) -> None:
+        """``CONNECT host:port`` through the proxy, then TLS with ``host`` inside the tunnel."""
+        authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        lines = [f"CONNECT {authority} HTTP/1.1", f"Host: {authority}"]
+        if proxy.authorization:
+            lines.append(f"Proxy-Authorization: {proxy.authorization}")
+        assert self._transport is not None
+        self._transport.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1"))
+        status, _fields, _length, _chunked, _keep = await self._read_head("CONNECT", timeout, reused=False)
+        if not 200 <= status < 300:
+            raise ProxyRefused(status, proxy.description)
+        if self._buf:
+            raise ProtocolError("the proxy sent bytes of its own into the tunnel")
+        loop = asyncio.get_running_loop()
+        tls = await loop.start_tls(self._transport, self, ssl_context, server_hostname=host,
+                                   ssl_handshake_timeout=timeout)
+        if tls is None:
+            raise ProtocolError("TLS could not be started inside the proxy's tunnel")
+        self._transport = tls  # type: ignore[assignment]
+        self._received = 0
 
     @property
     def reusable(self) -> bool:
