@@ -34,7 +34,7 @@ from xml.etree import ElementTree
 
 from sidecar.paths import MAX_KEY_BYTES, UnsafeKey, validate_relpath
 from sidecar.store import blobapi
-from sidecar.store.proxy import proxy_for
+from sidecar.store.proxy import check as check_proxy_env, proxy_for
 from sidecar.store.base import NotFound, ObjectInfo, ObjectMeta, StoreError, TransientStoreError
 
 log = logging.getLogger(__name__)
@@ -418,6 +418,7 @@ class AzureBlobStore:
             # The URL may carry a SAS token; never echo it.
             raise ValueError(redact(str(e), [urlsplit(url).query] if "?" in url else [])) from None
         options.setdefault("proxy_env", env)
+        check_proxy_env(location.scheme, env)  # before a credential object exists that an error would leave open
         return cls(location, _pick_credentials(env, location.account, location.sas, location.scheme), **options)
 
     # -- helpers -------------------------------------------------------------------------------
@@ -510,12 +511,17 @@ class AzureBlobStore:
                                         f"{self.endpoint} (HTTP {e.status}); check the credentials in HTTPS_PROXY "
                                         "and the proxy's allow list, or add the host to NO_PROXY")
             return done(TransientStoreError, f"the proxy {proxy.description if proxy else ''} could not reach "
-                                             f"{self.endpoint} (HTTP {e.status}); will retry later")
+                                             f"{self.endpoint} (HTTP {e.status}; check the account name in "
+                                             "SIDECAR_STORE); will retry later")
         if e.kind == "tls":
             return done(StoreError, f"TLS failure talking to {endpoint}; check the URL scheme and host, "
                                     "the CA bundle (SSL_CERT_FILE) and any TLS-intercepting proxy")
         what = {"dns": "cannot resolve the host", "refused": "connection refused",
                 "timeout": "timed out"}.get(e.kind, "connection failed")
+        if proxy is not None and e.kind in ("dns", "refused"):  # only the proxy is looked up and dialled
+            return done(StoreError if not self._opened else TransientStoreError,
+                        f"{what} for the proxy {proxy.description} (reaching {self.endpoint}); check HTTPS_PROXY "
+                        "/ HTTP_PROXY, or add the host to NO_PROXY")
         if not self._opened and e.kind in ("dns", "refused"):
             # Never reached the service at all: a wrong account name, endpoint or port.
             check = ("check the account name in SIDECAR_STORE (or the connection string's endpoint) "

@@ -109,10 +109,12 @@ class Connection(asyncio.Protocol):
             kw = {"ssl": ssl_context, "server_hostname": host, "ssl_handshake_timeout": timeout} if ssl_context else {}
             _transport, conn = await asyncio.wait_for(loop.create_connection(cls, host, port, **kw), timeout)
             return conn
+        deadline = loop.time() + timeout  # one bound for reaching the proxy and the tunnel
         _transport, conn = await asyncio.wait_for(loop.create_connection(cls, proxy.host, proxy.port), timeout)
         if ssl_context is not None:
             try:
-                await asyncio.wait_for(conn._tunnel(host, port, proxy, ssl_context, timeout), timeout)
+                left = max(deadline - loop.time(), 0.001)
+                await asyncio.wait_for(conn._tunnel(host, port, proxy, ssl_context, left), left)
             except BaseException:
                 conn.close()
                 raise

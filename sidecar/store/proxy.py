@@ -34,7 +34,10 @@ class Proxy:
 
 
 def _env(env: Mapping[str, str], name: str) -> str:
-    return (env.get(name.lower()) or env.get(name.upper()) or "").strip()
+    """The lower-case variable if set (even empty: that turns the proxy off, as in urllib), else
+    the upper-case one."""
+    lower = name.lower()
+    return (env[lower] if lower in env else env.get(name.upper(), "")).strip()
 
 
 def proxy_for(scheme: str, host: str, port: int, env: Mapping[str, str]) -> Proxy | None:
@@ -44,20 +47,34 @@ def proxy_for(scheme: str, host: str, port: int, env: Mapping[str, str]) -> Prox
     url = _env(env, name)
     if not url or bypassed(host, port, _env(env, "no_proxy")):
         return None
-    parts = urlsplit(url if "://" in url else f"http://{url}")
-    if parts.scheme.lower() != "http":
-        raise ValueError(f"{name.upper()}: only http:// proxies are supported (got {parts.scheme}://)")
-    try:
-        proxy_port = parts.port or 80
+    return _parse(name, url)
+
+
+def check(scheme: str, env: Mapping[str, str]) -> None:
+    """``ValueError`` if the proxy variable for ``scheme`` is set to something unusable, whichever
+    host it would be for."""
+    name = "https_proxy" if scheme == "https" else "http_proxy"
+    if url := _env(env, name):
+        _parse(name, url)
+
+
+def _parse(name: str, url: str) -> Proxy:
+    unusable = (f"{name.upper()} is not an http://[user:password@]host[:port] URL "
+                "(percent-encode special characters in the user name and password)")
+    try:  # no message of urlsplit's is shown: it could quote part of the password
+        parts = urlsplit(url if "://" in url else f"http://{url}")
+        scheme, host, proxy_port = parts.scheme.lower(), parts.hostname, parts.port or 80
     except ValueError:
-        raise ValueError(f"{name.upper()}: the proxy's port is not a number") from None
-    if not parts.hostname:
-        raise ValueError(f"{name.upper()}: no proxy host in the URL")
+        raise ValueError(unusable) from None
+    if scheme != "http":
+        raise ValueError(f"{name.upper()}: only http:// proxies are supported (got {scheme}://)")
+    if not host or parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise ValueError(unusable)
     authorization = None
     if parts.username is not None:
         pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
         authorization = "Basic " + base64.b64encode(pair.encode()).decode()
-    return Proxy(parts.hostname, proxy_port, authorization)
+    return Proxy(host, proxy_port, authorization)
 
 
 def bypassed(host: str, port: int, no_proxy: str) -> bool:

@@ -37,8 +37,16 @@ def test_credentials_become_basic_authorization_and_never_a_message():
     with pytest.raises(ValueError) as e:
         proxy_for("https", "h", 443, {"HTTPS_PROXY": "socks5://user:s3cret@proxy:1080"})
     assert "only http://" in str(e.value) and "s3cret" not in str(e.value)
-    with pytest.raises(ValueError, match="port"):
-        proxy_for("https", "h", 443, {"HTTPS_PROXY": "http://user:s3cret@proxy:notaport"})
+    for bad in ("http://user:s3cret@proxy:notaport", "http://user:p[s3cret]@proxy:3128",
+                "http://user:12345/s3cret@proxy:3128", "http://user:s3cret@proxy:3128/?q#f"):
+        with pytest.raises(ValueError) as e:
+            proxy_for("https", "h", 443, {"HTTPS_PROXY": bad})
+        assert "percent-encode" in str(e.value) and "s3cret" not in str(e.value) and "12345" not in str(e.value)
+
+
+def test_an_empty_lower_case_variable_turns_the_proxy_off():
+    assert proxy_for("https", "h", 443, {"https_proxy": "", "HTTPS_PROXY": "http://p:1"}) is None
+    assert proxy_for("https", "h", 443, {"HTTPS_PROXY": "http://p:1", "HTTP_PROXY": "socks5://x"}) == Proxy("p", 1)
 
 
 @pytest.mark.parametrize("host,port,no_proxy,direct", [
@@ -56,6 +64,9 @@ def test_credentials_become_basic_authorization_and_never_a_message():
     ("10.1.2.3", 443, "10.0.0.0/8", True),
     ("10.1.2.3", 443, "192.168.0.0/16,10.1.2.4", False),
     ("fd00::5", 443, "fd00::/16", True),
+    ("fd00::5", 443, "[fd00::5]:443", True),
+    ("fd00::5", 443, "[fd00::5]:8443", False),
+    ("Acct.Blob.Core.Windows.Net.", 443, " ,, CORE.WINDOWS.NET. ,", True),
 ])
 def test_no_proxy(host, port, no_proxy, direct):
     assert bypassed(host, port, no_proxy) is direct
@@ -112,9 +123,12 @@ async def test_https_goes_through_a_connect_tunnel_with_tls_to_the_origin_inside
     server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     server_ctx.load_cert_chain(cert, key)
 
+    seen_by_origin: list[bytes] = []
+
     async def origin(reader, writer):
         try:
-            while await reader.readuntil(b"\r\n\r\n"):
+            while head := await reader.readuntil(b"\r\n\r\n"):
+                seen_by_origin.append(head)
                 writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nsecret")
         except (asyncio.IncompleteReadError, ConnectionError):
             writer.close()
@@ -135,7 +149,9 @@ async def test_https_goes_through_a_connect_tunnel_with_tls_to_the_origin_inside
     assert len(tiny.heads) == 1
     assert tiny.heads[0].startswith(f"CONNECT 127.0.0.1:{origin_port} HTTP/1.1\r\n".encode())
     assert b"Proxy-Authorization: Basic dTpw\r\n" in tiny.heads[0]
-    assert b"secret" not in b"".join(tiny.heads) and b"sig=x" not in b"".join(tiny.heads)  # the proxy saw only the CONNECT
+    # inside the tunnel: the origin got both requests, and never the proxy's credentials
+    assert len(seen_by_origin) == 2 and all(h.startswith(b"GET /c?") for h in seen_by_origin)
+    assert not any(b"Proxy-Authorization" in h for h in seen_by_origin)
 
 
 async def test_plain_http_sends_absolute_form_requests_to_the_proxy():
@@ -189,3 +205,24 @@ async def test_connect_answered_with_an_error_is_proxy_refused():
     finally:
         proxy_srv.close()
     assert e.value.status == 502
+
+
+async def test_an_unreachable_proxy_is_named_as_such():
+    import socket
+
+    from sidecar.store.azure import AzureBlobStore
+    from sidecar.store.base import StoreError
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    store = AzureBlobStore.from_url(
+        "https://acct.blob.core.windows.net/state",
+        env={"AZURE_STORAGE_KEY": base64.b64encode(b"k" * 32).decode(), "HTTPS_PROXY": f"127.0.0.1:{port}"},
+        retry_total=0)
+    try:
+        with pytest.raises(StoreError) as e:
+            await store.open()
+    finally:
+        await store.aclose()
+    assert f"connection refused for the proxy 127.0.0.1:{port}" in str(e.value) and "HTTPS_PROXY" in str(e.value)
