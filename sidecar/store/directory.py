@@ -22,7 +22,8 @@ import hashlib
 import json
 import os
 import secrets
-from typing import AsyncIterator
+from itertools import islice
+from typing import AsyncIterator, Iterator
 
 import anyio
 import anyio.to_thread
@@ -32,6 +33,8 @@ from sidecar.store.base import NotFound, ObjectInfo, ObjectMeta, StoreError
 
 META_DIR = ".sidecar-meta"
 TMP_PREFIX = ".sidecar-tmp-"
+#: Entries read per worker-thread call while listing.
+LIST_BATCH = 256
 LONG_META_PREFIX = ".sidecar-long-"
 NAME_MAX = 255  # bytes in one file name (ext4, xfs, tmpfs, NFS, SMB)
 
@@ -207,35 +210,38 @@ class DirectoryStore:
         return await self._run(read)
 
     async def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:
-        def walk() -> list[ObjectInfo]:
-            out: list[ObjectInfo] = []
-            if not os.path.isdir(self.top):
-                return out
-            stack = [("", self.top)]
-            while stack:
-                rel_dir, abs_dir = stack.pop()
-                try:
-                    entries = list(os.scandir(abs_dir))
-                except FileNotFoundError:
-                    continue
-                for entry in entries:
-                    if entry.name.startswith(TMP_PREFIX) or (not rel_dir and entry.name == META_DIR):
-                        continue
-                    rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
-                    if entry.is_dir(follow_symlinks=False):
-                        if prefix.startswith(rel + "/") or rel.startswith(prefix) or not prefix:
-                            stack.append((rel, entry.path))
-                    elif entry.is_file(follow_symlinks=False) and rel.startswith(prefix):
-                        try:
-                            st = entry.stat(follow_symlinks=False)
-                        except FileNotFoundError:
-                            continue
-                        meta_path = _meta_path(self.top, rel)
-                        out.append(self._info(rel, entry.path, meta_path, st))
-            return out
+        """Walked in a worker thread LIST_BATCH entries at a time, each batch yielded as it is read:
+        a restore starts downloading while the walk goes on (on NFS or Azure Files every entry
+        costs a stat and a metadata read over the network)."""
+        walker = self._walk(prefix)
+        while batch := await self._run(lambda: list(islice(walker, LIST_BATCH))):
+            for info in batch:
+                yield info
 
-        for info in await self._run(walk):
-            yield info
+    def _walk(self, prefix: str) -> Iterator[ObjectInfo]:
+        if not os.path.isdir(self.top):
+            return
+        stack = [("", self.top)]
+        while stack:
+            rel_dir, abs_dir = stack.pop()
+            try:
+                entries = list(os.scandir(abs_dir))
+            except FileNotFoundError:
+                continue
+            for entry in entries:
+                if entry.name.startswith(TMP_PREFIX) or (not rel_dir and entry.name == META_DIR):
+                    continue
+                rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
+                if entry.is_dir(follow_symlinks=False):
+                    if prefix.startswith(rel + "/") or rel.startswith(prefix) or not prefix:
+                        stack.append((rel, entry.path))
+                elif entry.is_file(follow_symlinks=False) and rel.startswith(prefix):
+                    try:
+                        st = entry.stat(follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue
+                    meta_path = _meta_path(self.top, rel)
+                    yield self._info(rel, entry.path, meta_path, st)
 
     async def delete(self, key: str) -> None:
         data_path, meta_path = self._paths(key)

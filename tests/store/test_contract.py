@@ -182,3 +182,19 @@ async def test_unsafe_keys_refused(make_store, key):
         with pytest.raises(StoreError):
             await op(key)
     assert await listed(store) == {}
+
+
+async def test_a_listing_over_several_pages_or_batches_holds_each_object_once(make_store, monkeypatch):
+    """Listings come in pages (Azure) or worker-thread batches (directory): made tiny here, every
+    object still comes exactly once, by prefix too."""
+    from sidecar.store import azure, directory
+
+    monkeypatch.setattr(directory, "LIST_BATCH", 3)
+    monkeypatch.setattr(azure, "FIRST_PAGE_RESULTS", 3)
+    store = await make_store()
+    keys = sorted([f"r/d{i % 3}/f{i}" for i in range(11)] + ["s/x", "s/y"])
+    for k in keys:
+        await store.put(k, k.encode(), meta(k.encode()))
+    everything = [info.key async for info in store.list()]
+    assert sorted(everything) == keys and len(everything) == len(keys)
+    assert sorted(await listed(store, "r/d1/")) == [k for k in keys if k.startswith("r/d1/")]
