@@ -403,7 +403,7 @@ def bench_coldstart(az: Azurite, tmp: Path, rounds: int) -> None:
             out.append(wait_ready_precisely(host, 60))
             host.stop()
             if wrap:  # when the sidecar started the host, from its own log
-                started = next(e["ts"] for e in json_lines(host.log_path.read_text(errors="replace"))
+                started = next(e["ts"] for e in json_lines(host.log)
                                if e.get("event") == "child_started")
                 spawned.append(datetime.fromisoformat(started.replace("Z", "+00:00")).timestamp() - launched)
                 assert len(list((work / ".checkpoints").rglob("*.json"))) == 20

@@ -205,13 +205,13 @@ def _open(settings: Settings):
         raise _StoreConfigError(str(e)) from None
 
 
-async def _prepare(daemon, settings: Settings, claim: bool = True) -> int | None:
+async def _prepare(daemon, settings: Settings) -> int | None:
     """Restore by the rule; an exit code when the command must stop, None to go on."""
     from sidecar.restorer import RestoreError
     from sidecar.store.base import StoreError
 
     try:
-        await daemon.prepare(claim=claim)
+        await daemon.prepare()
     except RestoreError as e:
         return _fail(f"restore failed: {e}")
     except StoreError as e:
@@ -229,7 +229,7 @@ async def _restore(settings: Settings, roots: list[Root]) -> int:
     store = _open(settings)
     try:
         daemon = Daemon(settings, roots, store)
-        code = await _prepare(daemon, settings, claim=False)  # reads only: no need to own the store
+        code = await _prepare(daemon, settings)  # reads only: the store is claimed by serve(), never here
         return EXIT_OK if code is None else code
     finally:
         await store.aclose()

@@ -61,13 +61,17 @@ class Daemon:
         self.store = store
         self.ignore = IgnoreRules(settings.ignore)
         self.health = Health()
-        self._claim_store = False  # set by prepare(claim=True): serve() claims before any write
         self.listing: Listing | None = None
         #: roots that were empty at start and not restored: their stored copy must not be deleted
         self.protected: set[str] = set()
         #: roots still holding a cut-short restore (not restored again, e.g. ``--no-restore``): a
         #: fragment of the stored state, so their stored files are never deleted
         self.incomplete: set[str] = set()
+
+    @property
+    def kept_roots(self) -> set[str]:
+        """Roots whose stored files are never deleted: empty and not restored, or cut short."""
+        return self.protected | self.incomplete
 
     @cached_property
     def uploader(self) -> Uploader:
@@ -80,14 +84,13 @@ class Daemon:
                         snapshot_roots={r.name for r in self.roots} if s.snapshot_commits() else set())
 
     # -- phase 1: restore --------------------------------------------------------------------
-    async def prepare(self, claim: bool = True) -> RestoreResult | None:
-        """Open the store, list it once and restore by the rule as the listing arrives. With
-        ``claim``, :meth:`serve` then claims the store (fencing off an older writer) before our
-        first write: the claim gates only our own writes (an older writer may still finish its
+    async def prepare(self) -> RestoreResult | None:
+        """Open the store, list it once and restore by the rule as the listing arrives. Reads
+        only: :meth:`serve` claims the store (fencing off an older writer) before our first
+        write, and the claim gates only our own writes (an older writer may still finish its
         current window meanwhile, see fence.py), so it delays neither the restore nor the host's
         start. Raises StoreError/RestoreError."""
         self.health.set("restoring", "restoring state from the store")
-        self._claim_store = claim
         deadline = time.monotonic() + STARTUP_RETRY_SECONDS
         await retry_transient(self.store.open, "open", deadline)
         self.listing, result = await restore(self.store, self.roots, mode=self.settings.restore,
@@ -109,17 +112,16 @@ class Daemon:
         from sidecar.watcher import watch  # imported here: ``run`` starts its child before this
 
         async with anyio.create_task_group() as tg:
-            if self._claim_store:  # claimed by the uploader before its first write
-                from sidecar.fence import Fence
+            from sidecar.fence import Fence  # claimed by the uploader before its first write
 
-                self.uploader.fence = Fence(self.store, self.settings.fence_window, self.settings.fence_margin)
+            self.uploader.fence = Fence(self.store, self.settings.fence_window, self.settings.fence_margin)
             await tg.start(self.uploader.run)
             self.health.workers_alive = True
             await tg.start(partial(watch, debounce_ms=self.settings.debounce_ms),
                            self.roots, self._on_paths, self._on_roots_changed)
             self.health.watcher_alive = True
             await self.reconcile(initial=True)
-            tg.start_soon(self.uploader.drop_stale_bundles, self.protected | self.incomplete)
+            tg.start_soon(self.uploader.drop_stale_bundles, self.kept_roots)
             tg.start_soon(self._reconcile_loop)
             tg.start_soon(self._watch_fence)
             self.health.set("ready", "restored and mirroring")
@@ -160,7 +162,7 @@ class Daemon:
         known = self.uploader.remote if remote is None else remote
         known = {k: v for k, v in known.items() if k.split("/", 1)[0] in names}
         busy = self.uploader.pending_keys()
-        plan = plan_reconcile(local, known, self.protected | self.incomplete)
+        plan = plan_reconcile(local, known, self.kept_roots)
         upload = [k for k in plan.upload if k not in busy and not self.uploader.still_skipped(k, local[k])]
         delete = [k for k in plan.delete if k not in busy and (known_before is None or k in known_before)]
         if remote is not None:  # a fresh listing replaces what we believed
@@ -184,7 +186,7 @@ class Daemon:
                         detail="changes the watcher did not report (dropped events?) are now queued")
         elif initial:
             log.info("reconcile_start", upload=len(upload), delete=len(delete), in_sync=plan.in_sync,
-                     protected=",".join(sorted(self.protected | self.incomplete)) or "-")
+                     protected=",".join(sorted(self.kept_roots)) or "-")
         return fixes
 
     async def _reconcile_loop(self) -> None:

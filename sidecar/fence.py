@@ -71,6 +71,7 @@ class Fence:
         if not await self._write(previous + 1):
             self.fenced = "another sidecar claimed this store prefix at the same moment"
             self._claimed.set()
+            log.error("fenced", detail=self.fenced)
             raise Fenced(self.fenced)
         self.generation = previous + 1  # only once the store took it: release() relies on that
         now = time.monotonic()
@@ -87,7 +88,7 @@ class Fence:
     async def release(self) -> None:
         """On a clean exit: keep the generation, clear the heartbeat, so a successor need not wait.
         Nothing is written unless our claim succeeded."""
-        if self.fenced or not self._claimed.is_set() or not self.generation:
+        if self.fenced or not self.generation:
             return
         body = json.dumps({"generation": self.generation, "owner": self.owner, "heartbeat": 0}).encode()
         await self.store.put(OWNER_KEY, body, ObjectMeta.of(body, self.generation, 0o600))

@@ -338,8 +338,7 @@ def syncfs(path: str) -> None:
 
 def mark_restoring(root: Root) -> None:
     """Put the restore marker at the top of ``root`` (created if missing) before any file lands."""
-    os.makedirs(root.path, mode=0o700, exist_ok=True)
-    dfd = os.open(root.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    dfd = _open_root(root.path, create=True)
     try:
         fd = os.open(RESTORE_MARKER, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
         os.close(fd)

@@ -265,29 +265,25 @@ class _Restore:
     async def work(self, receive) -> None:
         async with receive:
             async for root, info, bundled in receive:
-                if bundled is None and self._superseded(root, info):
-                    self.progress.forget(info.size)
-                    continue
                 await self._place(root, info, bundled)
 
     def _superseded(self, root: Root, info: ObjectInfo) -> bool:
-        """The root's bundle names the file: its newer version is queued on its own, or it was deleted."""
+        """The root's bundle names the file (its newer version is queued on its own, or it was
+        deleted): then the file is not restored after all."""
         overlay = self.overlays.get(root.name)
-        return overlay is not None and info.key in overlay
+        if overlay is None or info.key not in overlay:
+            return False
+        self.progress.forget(info.size)
+        return True
 
     async def _place(self, root: Root, info: ObjectInfo, bundled: Change | None) -> None:
-        try:
-            owner, parts = split_key(info.key, self.by_name)
-            if owner is not root:
-                raise UnsafeKey(f"the bundle of {root.name} names a file of {owner.name}")
-        except UnsafeKey as e:  # only a forged bundle can name one: listed names were checked
-            log.error("restore_refused_name", path=printable(info.key), reason=str(e))
-            self.result.refused.append(info.key)
-            return
+        _, parts = split_key(info.key, self.by_name)  # checked when queued
         for attempt in (1, 2):
             if bundled is not None:  # verified when the bundle was decoded
                 data, got, expected = bundled.data or b"", info, None
             else:
+                if self._superseded(root, info):  # the bundle is known already: no download
+                    return
                 try:
                     data, got = await self.store.get(info.key)
                 except NotFound:
@@ -297,7 +293,6 @@ class _Restore:
                 # a "not found"); writes do.
                 await self.overlay_known[root.name].wait()
                 if self._superseded(root, info):
-                    self.progress.forget(info.size)
                     return
                 expected = got.sha256 or info.sha256
                 if expected is None:

@@ -244,10 +244,8 @@ class Uploader:
             attempt += 1
             try:
                 await self.fence.claim()
-            except Fenced as e:
-                log.error("fenced", detail=str(e))
-                metrics.FENCED.set(1)
-                self.fenced.set()
+            except Fenced:
+                self._mark_fenced()
                 return
             except StoreError as e:
                 await self._store_failed(e, attempt, op="claim")
@@ -275,9 +273,13 @@ class Uploader:
         try:
             await self.fence.before_write()
         except Fenced:
-            self.fenced.set()
-            metrics.FENCED.set(1)
+            self._mark_fenced()
             await anyio.sleep_forever()
+
+    def _mark_fenced(self) -> None:
+        """A newer sidecar owns the store prefix (the fence has logged why): no more writes."""
+        self.fenced.set()
+        metrics.FENCED.set(1)
 
     async def _handle(self, op: Op) -> None:
         started = self._dirty_since.pop(op.key, None) if op.kind == UPLOAD else None

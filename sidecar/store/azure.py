@@ -34,8 +34,8 @@ from xml.etree import ElementTree
 
 from sidecar.paths import MAX_KEY_BYTES, UnsafeKey, validate_relpath
 from sidecar.store import blobapi
-from sidecar.store.proxy import check as check_proxy_env, proxy_for
 from sidecar.store.base import NotFound, ObjectInfo, ObjectMeta, StoreError, TransientStoreError
+from sidecar.store.proxy import Proxy, check as check_proxy_env, proxy_for
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,8 @@ FOREIGN_MODE = 0o600
 
 #: How often put re-reads and retries when concurrent writers keep changing the blob.
 MAX_CONFLICT_ROUNDS = 8
+#: What a connection failure of each kind is called in a message.
+_FAILED = {"dns": "cannot resolve the host", "refused": "connection refused", "timeout": "timed out"}
 #: Blobs in the listing's first page (``open()`` fetches it). Small, so that a restore starts
 #: downloading early while the next, full-size (5,000) pages are fetched: a page of 1,000 blobs
 #: with metadata took the emulator 60-80 ms, one of 250 about 15 ms.
@@ -504,24 +506,13 @@ class AzureBlobStore:
 
     def _connection_error(self, e: blobapi.ConnectionFailure, done) -> StoreError:
         proxy = self._api.proxy
+        if proxy is not None and e.kind in ("proxy", "dns", "refused"):
+            return self._proxy_error(e, proxy, done)
         endpoint = self.endpoint + (f" through the proxy {proxy.description}" if proxy is not None else "")
-        if e.kind == "proxy":
-            if e.status in (401, 403, 407):
-                return done(StoreError, f"the proxy {proxy.description if proxy else ''} refused the connection to "
-                                        f"{self.endpoint} (HTTP {e.status}); check the credentials in HTTPS_PROXY "
-                                        "and the proxy's allow list, or add the host to NO_PROXY")
-            return done(TransientStoreError, f"the proxy {proxy.description if proxy else ''} could not reach "
-                                             f"{self.endpoint} (HTTP {e.status}; check the account name in "
-                                             "SIDECAR_STORE); will retry later")
         if e.kind == "tls":
             return done(StoreError, f"TLS failure talking to {endpoint}; check the URL scheme and host, "
                                     "the CA bundle (SSL_CERT_FILE) and any TLS-intercepting proxy")
-        what = {"dns": "cannot resolve the host", "refused": "connection refused",
-                "timeout": "timed out"}.get(e.kind, "connection failed")
-        if proxy is not None and e.kind in ("dns", "refused"):  # only the proxy is looked up and dialled
-            return done(StoreError if not self._opened else TransientStoreError,
-                        f"{what} for the proxy {proxy.description} (reaching {self.endpoint}); check HTTPS_PROXY "
-                        "/ HTTP_PROXY, or add the host to NO_PROXY")
+        what = _FAILED.get(e.kind, "connection failed")
         if not self._opened and e.kind in ("dns", "refused"):
             # Never reached the service at all: a wrong account name, endpoint or port.
             check = ("check the account name in SIDECAR_STORE (or the connection string's endpoint) "
@@ -530,6 +521,20 @@ class AzureBlobStore:
             return done(StoreError, f"{what} for {endpoint}; {check}")
         return done(TransientStoreError, f"{what} for {endpoint} after {self._retry_total} retries; "
                                          "check network reachability (firewall, proxy); will retry later")
+
+    def _proxy_error(self, e: blobapi.ConnectionFailure, proxy: Proxy, done) -> StoreError:
+        """The proxy failed, not the account: it could not be reached (only the proxy is looked up
+        and dialled), or it refused the tunnel or could not reach the account itself."""
+        if e.kind != "proxy":
+            return done(StoreError if not self._opened else TransientStoreError,
+                        f"{_FAILED[e.kind]} for the proxy {proxy.description} (reaching {self.endpoint}); check "
+                        "HTTPS_PROXY / HTTP_PROXY, or add the host to NO_PROXY")
+        if e.status in (401, 403, 407):
+            return done(StoreError, f"the proxy {proxy.description} refused the connection to {self.endpoint} "
+                                    f"(HTTP {e.status}); check the credentials in HTTPS_PROXY and the proxy's allow "
+                                    "list, or add the host to NO_PROXY")
+        return done(TransientStoreError, f"the proxy {proxy.description} could not reach {self.endpoint} (HTTP "
+                                         f"{e.status}; check the account name in SIDECAR_STORE); will retry later")
 
     def _blob_path(self, name: str) -> str:
         return f"{self._container_path}/{quote(name, safe='~/')}"

@@ -174,12 +174,16 @@ class _Pool:
         #: plain http through a proxy: requests name the whole URL (absolute form) and carry the
         #: proxy's credentials; https goes through a CONNECT tunnel instead
         self._absolute = f"{scheme}://{hostport}" if proxy is not None and self._ssl is None else ""
+        self._proxy_headers = [("Proxy-Authorization", proxy.authorization)] \
+            if self._absolute and proxy is not None and proxy.authorization else []
         self._keepalive = keepalive
         self._slots = anyio.Semaphore(size)
         self._idle: list[http11.Connection] = []
 
     async def request(self, method: str, target: str, headers: list[tuple[str, str]], body: bytes,
                       connect_timeout: float, read_timeout: float) -> tuple[int, dict[str, str], bytes]:
+        if self._absolute:
+            target, headers = self._absolute + target, [*headers, *self._proxy_headers]
         async with self._slots:
             while True:
                 conn = None
@@ -194,11 +198,6 @@ class _Pool:
                 if conn is None:
                     conn = await http11.Connection.open(self._host, self._port, self._ssl, connect_timeout, self._proxy)
                 try:
-                    if self._absolute:
-                        target = self._absolute + target if target.startswith("/") else target
-                        if self._proxy is not None and self._proxy.authorization and not any(
-                                n == "Proxy-Authorization" for n, _ in headers):
-                            headers = [*headers, ("Proxy-Authorization", self._proxy.authorization)]
                     answer = await conn.request(method, target, self.host_header, headers, body, read_timeout)
                 except http11.StaleConnection:
                     conn.close()

@@ -49,18 +49,21 @@ def test_an_empty_lower_case_variable_turns_the_proxy_off():
     assert proxy_for("https", "h", 443, {"HTTPS_PROXY": "http://p:1", "HTTP_PROXY": "socks5://x"}) == Proxy("p", 1)
 
 
+ACCOUNT = "acct.blob.core.windows.net"
+
+
 @pytest.mark.parametrize("host,port,no_proxy,direct", [
     ("127.0.0.1", 10000, "", True),  # loopback and localhost: never proxied
     ("::1", 10000, "", True),
     ("localhost", 10000, "", True),
-    ("acct.blob.core.windows.net", 443, "", False),
-    ("acct.blob.core.windows.net", 443, "*", True),
-    ("acct.blob.core.windows.net", 443, "core.windows.net", True),
-    ("acct.blob.core.windows.net", 443, ".windows.net", True),
-    ("acct.blob.core.windows.net", 443, "*.windows.net", True),
-    ("acct.blob.core.windows.net", 443, "indows.net", False),  # a suffix of the name, not a domain
-    ("acct.blob.core.windows.net", 443, "other.example, acct.blob.core.windows.net:443", True),
-    ("acct.blob.core.windows.net", 443, "acct.blob.core.windows.net:8443", False),
+    (ACCOUNT, 443, "", False),
+    (ACCOUNT, 443, "*", True),
+    (ACCOUNT, 443, "core.windows.net", True),
+    (ACCOUNT, 443, ".windows.net", True),
+    (ACCOUNT, 443, "*.windows.net", True),
+    (ACCOUNT, 443, "indows.net", False),  # a suffix of the name, not a domain
+    (ACCOUNT, 443, "other.example, acct.blob.core.windows.net:443", True),
+    (ACCOUNT, 443, "acct.blob.core.windows.net:8443", False),
     ("10.1.2.3", 443, "10.0.0.0/8", True),
     ("10.1.2.3", 443, "192.168.0.0/16,10.1.2.4", False),
     ("fd00::5", 443, "fd00::/16", True),
