@@ -37,3 +37,30 @@ def test_open_dirs_never_walks_through_a_symlink(tmp_path):
         dirs.close()
     assert list(outside.iterdir()) == []
     assert (tmp_path / "w/.checkpoints/ok/y.json").read_bytes() == b"y"
+
+
+def test_a_directory_where_a_restored_file_goes_is_refused_and_left_as_it_was(tmp_path):
+    root = Root(".checkpoints", str(tmp_path / "w" / ".checkpoints"))
+    (tmp_path / "w/.checkpoints/ctx/x.json").mkdir(parents=True)
+    (tmp_path / "w/.checkpoints/ctx/x.json/kept").write_bytes(b"k")
+    for dirs in (None, OpenDirs()):
+        with pytest.raises(UnsafeTarget, match="ctx/x.json is a directory on disk"):
+            write_restored(root, ["ctx", "x.json"], b"x", 1, 0o600, None, dirs)
+        if dirs is not None:
+            dirs.close()
+    # no temp file left behind, the directory and its content untouched
+    assert os.listdir(tmp_path / "w/.checkpoints/ctx") == ["x.json"]
+    assert os.listdir(tmp_path / "w/.checkpoints/ctx/x.json") == ["kept"]
+    assert (tmp_path / "w/.checkpoints/ctx/x.json/kept").read_bytes() == b"k"
+
+
+def test_a_symlink_where_a_restored_file_goes_is_replaced_not_followed(tmp_path):
+    root = Root(".checkpoints", str(tmp_path / "w" / ".checkpoints"))
+    (tmp_path / "w/.checkpoints/ctx").mkdir(parents=True)
+    outside = tmp_path / "outside.json"
+    outside.write_bytes(b"outside")
+    (tmp_path / "w/.checkpoints/ctx/x.json").symlink_to(outside)
+    write_restored(root, ["ctx", "x.json"], b"restored", 1, 0o600)
+    assert outside.read_bytes() == b"outside"
+    assert not (tmp_path / "w/.checkpoints/ctx/x.json").is_symlink()
+    assert (tmp_path / "w/.checkpoints/ctx/x.json").read_bytes() == b"restored"
