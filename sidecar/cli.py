@@ -259,17 +259,19 @@ async def _sync(settings: Settings, roots: list[Root], shutdown: Shutdown) -> in
             tg.start_soon(handle_signals, shutdown, None)
             if (code := await _serve_http(tg, daemon, settings)) is not None:
                 return code
-            with anyio.CancelScope() as prep_scope:
+            with anyio.CancelScope() as prep_scope:  # a stop during the restore ends it: nothing to flush
                 tg.start_soon(_cancel_on, shutdown.requested, prep_scope)
                 code = await _prepare(daemon, settings)
-                if code is not None:
-                    tg.cancel_scope.cancel()
-                    return code
-                await tg.start(daemon.serve)
-                log.info("ready", roots=",".join(r.path for r in roots), store=store.description)
             if prep_scope.cancelled_caught:
                 tg.cancel_scope.cancel()
                 return EXIT_FAIL
+            if code is not None:
+                tg.cancel_scope.cancel()
+                return code
+            # Not cancelled by a stop: the first scan queues what the host wrote since the
+            # restore, and a stop that came meanwhile drains it below.
+            await tg.start(daemon.serve)
+            log.info("ready", roots=",".join(r.path for r in roots), store=store.description)
             await shutdown.requested.wait()
             with anyio.CancelScope(shield=True):
                 left = await daemon.drain(settings.drain_timeout, abandon=shutdown.forced)

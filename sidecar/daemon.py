@@ -10,6 +10,8 @@ Data flow (top-down)::
 
 from __future__ import annotations
 
+import os
+import stat
 import time
 from dataclasses import dataclass
 from functools import cached_property, partial
@@ -165,6 +167,10 @@ class Daemon:
         plan = plan_reconcile(local, known, self.kept_roots)
         upload = [k for k in plan.upload if k not in busy and not self.uploader.still_skipped(k, local[k])]
         delete = [k for k in plan.delete if k not in busy and (known_before is None or k in known_before)]
+        if delete:
+            # A file can be missing from the scan and yet be on disk now: unlinked and written again
+            # while the walk passed its directory, its new version stored before the scan ended.
+            delete = await anyio.to_thread.run_sync(_not_on_disk, delete, {r.name: r for r in roots}, self.ignore)
         if remote is not None:  # a fresh listing replaces what we believed
             for k in list(self.uploader.remote):
                 if k.split("/", 1)[0] in names and k not in busy:
@@ -246,3 +252,18 @@ class Daemon:
             log.info("shutdown_flushed", seconds=round(time.monotonic() - t0, 3), **totals)
         return len(left)
 
+
+def _not_on_disk(keys: list[str], roots_by_name: dict[str, Root], ignore: IgnoreRules) -> list[str]:
+    """The keys with no mirrored file at their path: none, or an ignored name, a symlink, a directory."""
+    out = []
+    for key in keys:
+        name, _, rel = key.partition("/")
+        root = roots_by_name.get(name)
+        try:
+            present = (root is not None and not ignore.ignored(rel)
+                       and stat.S_ISREG(os.lstat(os.path.join(root.path, rel)).st_mode))
+        except OSError:
+            present = False
+        if not present:
+            out.append(key)
+    return out

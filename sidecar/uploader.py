@@ -53,6 +53,8 @@ class Uploader:
         self.snapshots: dict[str, PendingSet] = {name: PendingSet() for name in snapshot_roots}
         #: snapshot roots whose bundle may still be in the store (the next commit replaces it)
         self.bundle_outstanding: set[str] = set()
+        #: per root: a commit's bundle put..delete and the start-up cleanup's delete never interleave
+        self._bundle_locks: dict[str, anyio.Lock] = {}
         #: set by the daemon for sync/run: proves ownership of the store prefix before writes
         self.fence: Fence | None = None
         self.fenced = anyio.Event()
@@ -102,12 +104,19 @@ class Uploader:
         self._notify()
 
     def mark_paths(self, paths: list[str]) -> None:
-        """Record hints about absolute paths (from the watcher)."""
+        """Record hints about absolute paths (from the watcher).
+
+        A batch comes in no particular order (watchfiles hands over a set), so its deletions are
+        queued after all of its uploads: "write B, then delete A" (or a renamed directory) must
+        never have A gone from the store before B is in it."""
+        gone: list[str] = []
         for path in paths:
-            self._mark_path(path)
+            self._mark_path(path, gone)
+        for key in gone:
+            self._mark_gone(key)
         self._notify()
 
-    def _mark_path(self, path: str, resolved: bool = False) -> None:
+    def _mark_path(self, path: str, gone: list[str], resolved: bool = False) -> None:
         found = locate(path, self.roots)
         if found is None:
             return
@@ -121,7 +130,7 @@ class Uploader:
                 real_root = os.path.realpath(r.path)
                 if real == real_root or real.startswith(real_root + "/"):
                     self._mark_path(os.path.join(r.path, os.path.relpath(real, real_root),
-                                                 os.path.basename(path)), resolved=True)
+                                                 os.path.basename(path)), gone, resolved=True)
             return
         if not rel:
             return  # the root itself: handled by the watcher's root tracking
@@ -135,7 +144,7 @@ class Uploader:
         try:
             st = os.lstat(path)
         except FileNotFoundError:
-            self._mark_gone(key)
+            gone.append(key)
             return
         except OSError:
             return
@@ -149,7 +158,7 @@ class Uploader:
         else:  # a symlink or special file replaced what was there: never mirrored
             if stat.S_ISLNK(st.st_mode):
                 self._warn_once("symlink_skipped", key)
-            self._mark_gone(key)
+            gone.append(key)
 
     def _is_pending(self, key: str) -> bool:
         return any(key in ps.pending or key in ps.inflight for ps in self._sets())
@@ -258,13 +267,20 @@ class Uploader:
         commit (their disk already matches the per-file objects), except for roots in ``keep``
         (whose disk is not the truth). A delete is a write: it waits for the claim."""
         await self._guard()
-        busy = {k.split("/", 1)[0] for k in self.pending_keys()} | keep
-        for name in sorted(self.bundle_outstanding - busy):
-            try:
-                await self.store.delete(bundle_key(name))
-                self.bundle_outstanding.discard(name)
-            except StoreError as e:
-                log.warning("bundle_cleanup_failed", root=name, error=str(e))
+        for name in sorted(self.bundle_outstanding - keep):
+            async with self._bundle_lock(name):
+                # decided under the lock: a commit of this root may have replaced the bundle, or
+                # have changes to commit, since the loop began
+                if name not in self.bundle_outstanding or any(k.split("/", 1)[0] == name for k in self.pending_keys()):
+                    continue
+                try:
+                    await self.store.delete(bundle_key(name))
+                    self.bundle_outstanding.discard(name)
+                except StoreError as e:
+                    log.warning("bundle_cleanup_failed", root=name, error=str(e))
+
+    def _bundle_lock(self, root_name: str) -> anyio.Lock:
+        return self._bundle_locks.setdefault(root_name, anyio.Lock())
 
     async def _guard(self) -> None:
         """Before any write: wait for and prove store ownership; park for good when fenced."""
@@ -413,6 +429,12 @@ class Uploader:
             return False
         changes = [c for c in changes if c.data is None or not (
             self.remote.get(c.key) and self.remote[c.key].same_as(c.meta))]
+        async with self._bundle_lock(root.name):
+            await self._apply_changes(root, changes)
+        log.debug("snapshot_committed", root=root.name, changes=len(changes))
+        return True
+
+    async def _apply_changes(self, root: Root, changes: list[Change]) -> None:
         if len(changes) > 1 or (changes and root.name in self.bundle_outstanding):
             blob = encode_bundle(root.name, changes)
             await self.store.put(bundle_key(root.name), blob, ObjectMeta.of(blob, time.time_ns(), 0o600))
@@ -428,8 +450,6 @@ class Uploader:
         if root.name in self.bundle_outstanding:
             await self.store.delete(bundle_key(root.name))
             self.bundle_outstanding.discard(root.name)
-        log.debug("snapshot_committed", root=root.name, changes=len(changes))
-        return True
 
     async def _upload(self, op: Op, started: float | None) -> None:
         root, parts = split_key(op.key, self.roots_by_name)

@@ -5,8 +5,9 @@ yields an unordered set per batch and drops events without a path (queue overflo
 periodic reconcile is what guarantees convergence; this module is what makes it fast.
 
 Roots that do not exist yet are polled (cheaply, a ``stat`` each) and the inotify watch is rebuilt
-when one appears, disappears or is replaced; ``on_roots_changed`` is then called so the caller can
-rescan them (files created before the watch existed produce no event).
+when one appears, disappears or is replaced; ``on_roots_changed`` is then called with every root so
+the caller can rescan them (files created before the watch existed produce no event, and the other
+roots' events not yet handed over went with the old watch).
 
 Queue overflow: when the kernel's inotify queue (``/proc/sys/fs/inotify/max_queued_events`` events
 per watch instance) fills, the kernel drops events and ``watchfiles`` drops the overflow notice
@@ -116,7 +117,9 @@ async def watch(
             started = True
         if rescan:  # only now that the new watch is in place, so nothing falls between the two
             log.info("roots_changed", roots=",".join(r.path for r in rescan))
-            await on_roots_changed(rescan)
+            # Every root is rescanned, not only those that changed: the other roots' events not yet
+            # handed over went with the old watch, and nothing watched them until the new one.
+            await on_roots_changed(list(roots))
             rescan = []
         try:
             changed = await _watch_once(roots, ids, notify, stop, on_paths, debounce_ms, overflow)

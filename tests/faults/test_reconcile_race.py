@@ -49,3 +49,52 @@ def test_a_file_stored_while_the_scan_runs_is_not_deleted(tmp_path, monkeypatch)
     anyio.run(daemon.reconcile)
     queued = daemon.uploader.pending.pending
     assert not (new in queued and queued[new].kind == DELETE), "a delete was queued for a file that is on disk"
+
+
+def test_a_file_rewritten_while_the_scan_passes_is_not_deleted(tmp_path, monkeypatch):
+    """Unlinked and written again (not an atomic replace) while the walk passes its directory, and
+    the new version stored before the scan ends: absent from the scan, known before it, on disk."""
+    work = tmp_path / "work"
+    cps = work / ".checkpoints"
+    state = cps / "ctx" / "state.json"
+    write_atomic(state, b"v1")
+    settings, roots = load({"store": str(tmp_path / "store"), "roots": str(cps)}, cwd=str(work))
+    daemon = Daemon(settings, roots, make_store(settings.store))
+    key = ".checkpoints/ctx/state.json"
+
+    def stored(data: bytes) -> ObjectInfo:
+        st = state.stat()
+        return ObjectInfo(key, len(data), ObjectMeta.of(data, st.st_mtime_ns, 0).sha256, st.st_mtime_ns,
+                          st.st_mode & 0o7777)
+
+    daemon.uploader.remote[key] = stored(b"v1")
+    real_scan = daemon_mod.scan_root
+
+    def scan_racing_a_rewrite(root, ignore):
+        state.unlink()  # the host unlinks ...
+        files, links = real_scan(root, ignore)  # ... the walk passes ctx/ ...
+        write_atomic(state, b"v2")  # ... the host writes it again ...
+        daemon.uploader.remote[key] = stored(b"v2")  # ... and the watcher's upload of it is done
+        return files, links
+
+    monkeypatch.setattr(daemon_mod, "scan_root", scan_racing_a_rewrite)
+    anyio.run(daemon.reconcile)
+    queued = daemon.uploader.pending.pending
+    assert key not in queued, f"{queued[key].kind} queued for a file that is on disk"
+
+
+def test_a_stored_file_that_is_really_gone_is_still_deleted(tmp_path):
+    """The control: the same reconcile deletes a stored file with nothing (or a symlink) on disk."""
+    work = tmp_path / "work"
+    cps = work / ".checkpoints"
+    write_atomic(cps / "ctx" / "kept.json", b"k")
+    (cps / "ctx" / "link.json").symlink_to(cps / "ctx" / "kept.json")
+    settings, roots = load({"store": str(tmp_path / "store"), "roots": str(cps)}, cwd=str(work))
+    daemon = Daemon(settings, roots, make_store(settings.store))
+    for name in ("gone.json", "link.json"):
+        key = f".checkpoints/ctx/{name}"
+        daemon.uploader.remote[key] = ObjectInfo(key, 1, ObjectMeta.of(b"x", 1, 0).sha256, 1, 0o600)
+    anyio.run(daemon.reconcile)
+    queued = daemon.uploader.pending.pending
+    assert {k: op.kind for k, op in queued.items() if op.kind == DELETE} == {
+        ".checkpoints/ctx/gone.json": DELETE, ".checkpoints/ctx/link.json": DELETE}

@@ -1,0 +1,78 @@
+"""What a batch of watcher events turns into, with real files and the real watcher.
+
+watchfiles hands a batch over as a set: the order of its paths says nothing about the order of the
+writes. Deletions must still never overtake the uploads of the same batch, and a watch rebuilt for
+one root must not lose the events of the others.
+"""
+
+from __future__ import annotations
+
+import os
+
+import anyio
+import pytest
+
+import sidecar.watcher as watcher_mod
+from support import write_atomic
+from sidecar.paths import IgnoreRules, make_roots
+from sidecar.queue import DELETE, UPLOAD
+from sidecar.store.base import ObjectInfo
+from sidecar.uploader import Uploader
+
+
+@pytest.mark.parametrize("order", ["delete first", "upload first"])
+def test_a_batchs_deletes_wait_for_its_uploads_whatever_the_order(tmp_path, order):
+    """The host writes B, then deletes A; both arrive in one batch, in either order."""
+    cps = tmp_path / ".checkpoints"
+    roots = make_roots([str(cps)], str(tmp_path))
+    uploader = Uploader(store=None, roots=roots, ignore=IgnoreRules())
+    a, b = ".checkpoints/ctx/A.json", ".checkpoints/ctx/B.json"
+    uploader.remote[a] = ObjectInfo(a, 1, "0" * 64, 1, 0o600)
+    write_atomic(cps / "ctx" / "B.json", b"B")
+    paths = [str(tmp_path / a), str(tmp_path / b)]
+    uploader.mark_paths(paths if order == "delete first" else paths[::-1])
+    first = uploader.pending.take()
+    assert (first.kind, first.key) == (UPLOAD, b)
+    assert uploader.pending.take() is None, "A's delete started while B was not stored yet"
+    uploader.pending.done(first)
+    second = uploader.pending.take()
+    assert (second.kind, second.key) == (DELETE, a)
+
+
+def test_a_watch_rebuilt_for_a_new_root_rescans_the_other_roots_too(tmp_path, monkeypatch):
+    """A checkpoint written while the watch is rebuilt (``.function_approvals`` just appeared) has
+    no event: no watch existed at that moment. The rescan after the rebuild must cover its root."""
+    cps, approvals = tmp_path / ".checkpoints", tmp_path / ".function_approvals"
+    cps.mkdir()
+    roots = make_roots([str(cps), str(approvals)], str(tmp_path))
+    real_notify = watcher_mod.RustNotify
+    built = []
+
+    def notify(*args):
+        built.append(args)
+        if len(built) == 2:  # the rebuild: the host writes between the old watch and the new one
+            write_atomic(cps / "during-rebuild.json", b"x")
+        return real_notify(*args)
+
+    monkeypatch.setattr(watcher_mod, "RustNotify", notify)
+    reported, rescanned = [], []
+
+    async def on_paths(paths):
+        reported.extend(os.path.basename(p) for p in paths)
+
+    async def on_roots_changed(changed):
+        rescanned.extend(r.name for r in changed)
+
+    async def main():
+        async with anyio.create_task_group() as tg:
+            await tg.start(watcher_mod.watch, roots, on_paths, on_roots_changed)
+            approvals.mkdir()
+            with anyio.fail_after(10):
+                while not rescanned:
+                    await anyio.sleep(0.01)
+            tg.cancel_scope.cancel()
+
+    anyio.run(main)
+    assert len(built) == 2
+    assert "during-rebuild.json" not in reported  # written while nothing watched: no event
+    assert sorted(rescanned) == [".checkpoints", ".function_approvals"]
