@@ -1,12 +1,17 @@
 """Fencing: when a new compute's sidecar starts while an old one is still draining, the old one must
 never overwrite or delete the new one's files.
 
-The store holds an owner marker, ``.sidecar/owner``: ``{"generation": N, "owner": id, "heartbeat":
-unix time}``, written with ``mtime_ns = N`` so the stores' own stale-write protection refuses a
-marker of a lower generation. Protocol:
+The store holds an owner marker, ``.sidecar/owner``: ``{"generation": stamp, "owner": id,
+"heartbeat": unix time}``, written with ``mtime_ns = stamp`` so the stores' own stale-write protection
+refuses a marker with a lower stamp. A stamp is the generation in its high bits and 32 random bits
+below (:func:`next_stamp`): two sidecars that claim the same generation at the same moment never
+hold the same stamp, so the store keeps exactly one of them and the other is fenced at its next
+proof (within ``window`` seconds; before any write when its claim is the one refused). A marker of
+an older version (``generation`` a plain small number) is below every stamp, and an older version
+reading a stamp claims ``stamp + 1``, which is above it. Protocol:
 
 * **claim** (start-up, once the restore is done, beside the first reconcile): read the marker, write
-  generation ``N+1``. No write of ours happens before it. If the previous owner's heartbeat is
+  the next stamp. No write of ours happens before it. If the previous owner's heartbeat is
   recent, wait out its write window before the first write of ours (reads, restore, the host's
   start and readiness are not delayed, only our uploads).
 * **before writing**, at most once per ``window`` seconds: re-write the marker with our generation
@@ -22,6 +27,7 @@ One marker write per window while uploading; none while idle.
 from __future__ import annotations
 
 import json
+import secrets
 import time
 import uuid
 
@@ -37,13 +43,19 @@ class Fenced(Exception):
     """A newer sidecar owns this store prefix."""
 
 
+def next_stamp(current: int) -> int:
+    """A stamp above ``current``: the next generation in the high bits, random low bits (never all
+    ones, so a test can hold a stamp no claim of this generation can beat)."""
+    return ((max(current, 0) >> 32) + 1) << 32 | secrets.randbelow(2**32 - 1)
+
+
 class Fence:
     def __init__(self, store: Store, window: float = 2.0, margin: float = 8.0) -> None:
         self.store = store
         self.window = window
         self.margin = margin
         self.owner = uuid.uuid4().hex
-        self.generation = 0
+        self.stamp = 0  # ours once claimed: see next_stamp
         self.writable_at = 0.0  # monotonic time before which we do not write
         self.valid_until = 0.0  # monotonic time our last proof of ownership expires
         self.fenced: str | None = None
@@ -59,28 +71,33 @@ class Fence:
         except ValueError:
             return {}
 
-    async def _write(self, generation: int) -> bool:
-        """Write our marker; False when the store holds a higher generation (we are fenced)."""
-        body = json.dumps({"generation": generation, "owner": self.owner, "heartbeat": time.time()}).encode()
-        info = await self.store.put(OWNER_KEY, body, ObjectMeta.of(body, generation, 0o600))
-        return info.mtime_ns == generation
+    @property
+    def generation(self) -> int:
+        return self.stamp >> 32
+
+    async def _write(self, stamp: int) -> bool:
+        """Write our marker; False when the store holds a higher stamp (we are fenced)."""
+        body = json.dumps({"generation": stamp, "owner": self.owner, "heartbeat": time.time()}).encode()
+        info = await self.store.put(OWNER_KEY, body, ObjectMeta.of(body, stamp, 0o600))
+        return info.mtime_ns == stamp
 
     async def claim(self) -> None:
         current = await self._read()
         previous = _number(current.get("generation"), int)
-        if not await self._write(previous + 1):
+        stamp = next_stamp(previous)
+        if not await self._write(stamp):
             self.fenced = "another sidecar claimed this store prefix at the same moment"
             self._claimed.set()
             log.error("fenced", detail=self.fenced)
             raise Fenced(self.fenced)
-        self.generation = previous + 1  # only once the store took it: release() relies on that
+        self.stamp = stamp  # only once the store took it: release() relies on that
         now = time.monotonic()
         self.valid_until = now + self.window
         beat = _number(current.get("heartbeat"), float)
         wait = beat + self.window + self.margin - time.time()
         self.writable_at = now + max(0.0, wait)
         if wait > 0:
-            log.warning("fence_wait", seconds=round(wait, 1), previous_generation=previous,
+            log.warning("fence_wait", seconds=round(wait, 1), previous_generation=previous >> 32,
                         detail="a previous sidecar wrote recently; our uploads wait out its write window")
         log.info("fence_claimed", generation=self.generation)
         self._claimed.set()
@@ -88,10 +105,10 @@ class Fence:
     async def release(self) -> None:
         """On a clean exit: keep the generation, clear the heartbeat, so a successor need not wait.
         Nothing is written unless our claim succeeded."""
-        if self.fenced or not self.generation:
+        if self.fenced or not self.stamp:
             return
-        body = json.dumps({"generation": self.generation, "owner": self.owner, "heartbeat": 0}).encode()
-        await self.store.put(OWNER_KEY, body, ObjectMeta.of(body, self.generation, 0o600))
+        body = json.dumps({"generation": self.stamp, "owner": self.owner, "heartbeat": 0}).encode()
+        await self.store.put(OWNER_KEY, body, ObjectMeta.of(body, self.stamp, 0o600))
 
     async def before_write(self) -> None:
         """Wait until we may write and prove we still own the prefix; raises :class:`Fenced`."""
@@ -110,10 +127,11 @@ class Fence:
             if time.monotonic() < self.valid_until:
                 return
             t = time.monotonic()
-            if not await self._write(self.generation):
-                current = await self._read()
-                self.fenced = (f"a newer sidecar (generation {current.get('generation')}) owns this store "
-                               f"prefix; this one (generation {self.generation}) stopped writing")
+            if not await self._write(self.stamp):
+                theirs = _number((await self._read()).get("generation"), int) >> 32
+                who = (f"a newer sidecar (generation {theirs})" if theirs != self.generation else
+                       f"another sidecar that claimed generation {theirs} at the same moment")
+                self.fenced = f"{who} owns this store prefix; this one (generation {self.generation}) stopped writing"
                 log.error("fenced", detail=self.fenced)
                 raise Fenced(self.fenced)
             self.valid_until = t + self.window

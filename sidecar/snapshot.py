@@ -56,25 +56,47 @@ class BundleError(ValueError):
 
 
 def decode_bundle(blob: bytes) -> tuple[str, list[Change]]:
+    """The root and changes a bundle holds; :class:`BundleError` for anything else (a bundle is
+    read from the store, so its content is checked, never trusted)."""
     try:
         head, _, body = blob.partition(b"\n")
         header = json.loads(head)
+        if not isinstance(header, dict):
+            raise BundleError("unreadable bundle: the header is not an object")
         if header.get("version") != 1:
             raise BundleError(f"unknown bundle version {header.get('version')!r}")
+        root, entries = header["root"], header["entries"]
+        if not isinstance(root, str) or not isinstance(entries, list):
+            raise BundleError("unreadable bundle: malformed header")
         changes, offset = [], 0
-        for e in header["entries"]:
+        for e in entries:
+            if not isinstance(e, dict) or not isinstance(e.get("key"), str):
+                raise BundleError("unreadable bundle: malformed entry")
             if e.get("deleted"):
                 changes.append(Change(e["key"], None, None))
                 continue
-            data = body[offset : offset + e["size"]]
-            offset += e["size"]
-            meta = ObjectMeta(e["size"], e["sha256"], e["mtime_ns"], e["mode"])
+            size = e["size"]
+            if not _is_int(size) or size < 0 or offset + size > len(body):
+                raise BundleError(f"unreadable bundle: entry {e['key']!r} has a bad size")
+            if not (_is_int(e["mtime_ns"]) and _is_int(e["mode"]) and isinstance(e["sha256"], str)):
+                raise BundleError(f"unreadable bundle: entry {e['key']!r} is malformed")
+            data = body[offset : offset + size]
+            offset += size
+            meta = ObjectMeta(size, e["sha256"], e["mtime_ns"], e["mode"])
             if ObjectMeta.of(data, meta.mtime_ns, meta.mode).sha256 != meta.sha256:
                 raise BundleError(f"bundle entry {e['key']!r} does not match its sha256")
             changes.append(Change(e["key"], data, meta))
-        return header["root"], changes
-    except (ValueError, KeyError, TypeError) as e:
+        if offset != len(body):
+            raise BundleError("unreadable bundle: bytes beyond its entries")
+        return root, changes
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        if isinstance(e, BundleError):
+            raise
         raise BundleError(f"unreadable bundle: {e}") from None
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 async def fetch_bundle(store: Store, root_name: str) -> list[Change] | None:

@@ -194,7 +194,8 @@ class Uploader:
         if sig is not None:
             self.skipped[key] = sig
         metrics.SKIPPED.labels(reason).inc()
-        self._warn_once("file_too_large" if reason == "too_large" else "file_unreadable", f"{key} ({detail})")
+        event = {"too_large": "file_too_large", "store_newer": "file_older_than_stored"}.get(reason, "file_unreadable")
+        self._warn_once(event, f"{key} ({detail})")
 
     def still_skipped(self, key: str, st) -> bool:
         """True when ``key`` was skipped and its file has not changed since (``st``: a LocalStat)."""
@@ -435,11 +436,15 @@ class Uploader:
         return True
 
     async def _apply_changes(self, root: Root, changes: list[Change]) -> None:
+        # Every write proves ownership (free within the fence's window): a large commit can outlast
+        # one proof, and a newer owner's objects must never see our writes after it.
         if len(changes) > 1 or (changes and root.name in self.bundle_outstanding):
             blob = encode_bundle(root.name, changes)
+            await self._guard()
             await self.store.put(bundle_key(root.name), blob, ObjectMeta.of(blob, time.time_ns(), 0o600))
             self.bundle_outstanding.add(root.name)
         for c in changes:  # the bundle makes the batch atomic; order within it does not matter
+            await self._guard()
             if c.data is None:
                 await self.store.delete(c.key)
                 self.remote.pop(c.key, None)
@@ -448,6 +453,7 @@ class Uploader:
                 self.remote[c.key] = await self.store.put(c.key, c.data, c.meta)
                 self._count_upload(len(c.data))
         if root.name in self.bundle_outstanding:
+            await self._guard()
             await self.store.delete(bundle_key(root.name))
             self.bundle_outstanding.discard(root.name)
 
@@ -471,7 +477,14 @@ class Uploader:
         if known is None or not known.same_as(meta):
             info = await self.store.put(op.key, data, meta)
             self.remote[op.key] = info
-            self._count_upload(len(data))
-            log.debug("uploaded", path=op.key, bytes=len(data))
+            if info.mtime_ns != meta.mtime_ns and info.sha256 != meta.sha256:
+                # The store kept a version stamped later than this file's mtime (a copy that kept
+                # an old mtime, `tar x`, a clock behind the previous writer's): a version stamp
+                # never goes backwards, so this content is not stored. Never silently.
+                self._skip(op.key, root, parts, "store_newer",
+                           "the store holds a version with a later mtime; touch the file to store this one")
+            else:
+                self._count_upload(len(data))
+                log.debug("uploaded", path=op.key, bytes=len(data))
         if started is not None:
             metrics.LATENCY.observe(time.monotonic() - started)

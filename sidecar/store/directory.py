@@ -3,16 +3,18 @@
 Layout under ``<base>/<prefix>/``::
 
     <key>                          the object's bytes, mode and mtime as recorded
-    .sidecar-meta/<key>.json       {"size", "sha256", "mtime_ns", "mode", "data_mtime_ns"}
+    .sidecar-meta/<key>.json       {"size", "sha256", "mtime_ns", "mode", "data_mtime_ns", "data_ino"}
     .sidecar-meta/<dir>/.sidecar-long-<sha256 of name>.json
                                    the same, for a name too long to take the ".json" suffix
                                    (a file name may have 255 bytes; ".sidecar-*" names are never
                                    mirrored, so this cannot collide with a real key's record)
 
 Each file is written to a temp file, fsynced, renamed over the target, and its directory fsynced.
-Data goes first, metadata second; ``list`` trusts the metadata only while the data file's size and
-mtime still match what it recorded (``data_mtime_ns``), so a crash between the two renames leaves
-an object whose sha256 is unknown (``None``) rather than a wrong one, and reconciliation rewrites it.
+Data goes first, metadata second; ``list`` trusts the metadata only while the data file's size,
+mtime and inode still match what it recorded (``data_mtime_ns``, ``data_ino``: every rename brings
+a new inode, so even a new version of the same size and mtime is told apart), so a crash between
+the two renames leaves an object whose sha256 is unknown (``None``) rather than a wrong one, and
+reconciliation rewrites it. (Records written before ``data_ino`` existed are checked without it.)
 """
 
 from __future__ import annotations
@@ -75,8 +77,8 @@ def _fsync_nearest_dir(path: str, top: str) -> None:
             path = os.path.dirname(path)
 
 
-def _write_atomic(path: str, data: bytes, mode: int = 0o600, mtime_ns: int | None = None) -> int:
-    """Write ``path`` via temp + fsync + rename + dir fsync; returns the file's final mtime_ns."""
+def _write_atomic(path: str, data: bytes, mode: int = 0o600, mtime_ns: int | None = None) -> os.stat_result:
+    """Write ``path`` via temp + fsync + rename + dir fsync; returns the file's final status."""
     directory = os.path.dirname(path)
     for attempt in range(RACE_ATTEMPTS):
         tmp = os.path.join(directory, TMP_PREFIX + secrets.token_hex(6))
@@ -97,7 +99,7 @@ def _write_atomic(path: str, data: bytes, mode: int = 0o600, mtime_ns: int | Non
                 if mtime_ns is not None:
                     os.utime(f.fileno(), ns=(mtime_ns, mtime_ns))
                 os.fsync(f.fileno())
-                final_mtime = os.fstat(f.fileno()).st_mtime_ns
+                final = os.fstat(f.fileno())
             os.replace(tmp, path)
         except BaseException:
             try:
@@ -106,7 +108,7 @@ def _write_atomic(path: str, data: bytes, mode: int = 0o600, mtime_ns: int | Non
                 pass
             raise
         _fsync_dir(directory)
-        return final_mtime
+        return final
     raise AssertionError("unreachable")
 
 
@@ -168,16 +170,17 @@ class DirectoryStore:
                     return current
             except (FileNotFoundError, NotADirectoryError):
                 pass
-            data_mtime = _write_atomic(data_path, data, meta.mode, meta.mtime_ns)
+            written = _write_atomic(data_path, data, meta.mode, meta.mtime_ns)
             record = {
                 "size": meta.size,
                 "sha256": meta.sha256,
                 "mtime_ns": meta.mtime_ns,
                 "mode": meta.mode,
-                "data_mtime_ns": data_mtime,
+                "data_mtime_ns": written.st_mtime_ns,
+                "data_ino": written.st_ino,
             }
             _write_atomic(meta_path, json.dumps(record).encode())
-            return ObjectInfo(key, meta.size, meta.sha256, meta.mtime_ns, meta.mode, str(data_mtime))
+            return ObjectInfo(key, meta.size, meta.sha256, meta.mtime_ns, meta.mode, str(written.st_mtime_ns))
 
         return await self._run(write)
 
@@ -185,7 +188,8 @@ class DirectoryStore:
         try:
             with open(meta_path, "rb") as f:
                 rec = json.loads(f.read())
-            if rec.get("size") == st.st_size and rec.get("data_mtime_ns") == st.st_mtime_ns:
+            if (rec.get("size") == st.st_size and rec.get("data_mtime_ns") == st.st_mtime_ns
+                    and rec.get("data_ino", st.st_ino) == st.st_ino):
                 return ObjectInfo(
                     key, st.st_size, rec["sha256"], int(rec["mtime_ns"]), int(rec["mode"]),
                     str(st.st_mtime_ns),

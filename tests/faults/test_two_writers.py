@@ -89,7 +89,7 @@ def test_losing_a_simultaneous_claim_fences_us_before_any_write(tmp_path):
     store = make_store(settings.store)
 
     class RacedStore(type(store)):
-        """Shows our claim the marker as it was just before another sidecar claimed generation 5."""
+        """Shows our claim the marker as it was just before another sidecar claimed the same generation."""
 
         async def get(self, key):
             if key == OWNER_KEY:
@@ -101,8 +101,10 @@ def test_losing_a_simultaneous_claim_fences_us_before_any_write(tmp_path):
 
     async def main():
         await store.open()
-        marker = b'{"generation": 5, "owner": "other", "heartbeat": 0}'
-        await store.put(OWNER_KEY, marker, ObjectMeta.of(marker, 5, 0o600))
+        # the other's stamp: generation 1 with low bits no claim of ours can draw (all ones)
+        stamp = (1 << 32) | (2**32 - 1)
+        marker = b'{"generation": %d, "owner": "other", "heartbeat": 0}' % stamp
+        await store.put(OWNER_KEY, marker, ObjectMeta.of(marker, stamp, 0o600))
         daemon = Daemon(settings, roots, store)
         await daemon.prepare()
         async with anyio.create_task_group() as tg:
@@ -218,3 +220,100 @@ def test_a_claim_the_store_refuses_is_retried_and_reported_and_nothing_is_writte
 
     anyio.run(main)
     assert store.writes == []
+
+
+def test_two_claims_of_the_same_generation_leave_exactly_one_owner(tmp_path):
+    """Both sidecars read the marker before either writes, so both claim the same generation.
+    The store must end up with one owner: the other is fenced at its next proof of ownership.
+    (Before stamps had random low bits, both wrote the same stamp, the store took both, and
+    neither was ever fenced.)"""
+    import anyio
+
+    from sidecar.fence import OWNER_KEY, Fence, Fenced
+    from sidecar.store.directory import DirectoryStore
+
+    class BothReadFirst(DirectoryStore):
+        """Answers the owner marker's reads only once both claimants have asked."""
+
+        readers = 0
+        both = anyio.Event()
+
+        async def get(self, key):
+            if key == OWNER_KEY:
+                type(self).readers += 1
+                if type(self).readers == 2:
+                    type(self).both.set()
+                await type(self).both.wait()
+            return await super().get(key)
+
+    async def main():
+        store = BothReadFirst(str(tmp_path / "store"))
+        await store.open()
+        fences = [Fence(store, window=0.05, margin=0.0) for _ in range(2)]
+        async with anyio.create_task_group() as tg:
+            for f in fences:
+                tg.start_soon(f.claim)
+        assert fences[0].generation == fences[1].generation == 1
+        t = anyio.current_time() + 0.06
+        while anyio.current_time() < t:  # past the window: the next write needs a fresh proof
+            await anyio.sleep(0.01)
+        outcomes = []
+        for f in fences:
+            try:
+                await f.before_write()
+                outcomes.append("owner")
+            except Fenced as e:
+                outcomes.append("fenced")
+                assert "claimed generation 1 at the same moment" in str(e)
+        assert sorted(outcomes) == ["fenced", "owner"]
+        await store.aclose()
+
+    anyio.run(main)
+
+
+def test_a_snapshot_commit_stops_at_the_first_write_after_it_is_fenced(tmp_path):
+    """A commit is many writes; ownership is proven before each of them, not once for the whole
+    commit: once a newer sidecar owns the prefix, not one more of our writes reaches it."""
+    import anyio
+
+    from sidecar.fence import OWNER_KEY, Fence
+    from sidecar.paths import IgnoreRules, make_roots
+    from sidecar.store.base import ObjectMeta
+    from sidecar.store.directory import DirectoryStore
+    from sidecar.uploader import Uploader
+
+    state = tmp_path / "state"
+    roots = make_roots([str(state)], str(tmp_path))
+    name = roots[0].name
+    keys = [f"{name}/{i}.json" for i in range(3)]
+    for i in range(3):
+        write_atomic(state / f"{i}.json", b"%d" % i)
+
+    class TakenOverAfterOneFile(DirectoryStore):
+        written: list[str] = []
+
+        async def put(self, key, data, meta):
+            info = await super().put(key, data, meta)
+            if key in keys:
+                type(self).written.append(key)
+                if len(type(self).written) == 1:  # a newer sidecar claims the prefix now
+                    newer = b'{"generation": %d, "owner": "newer", "heartbeat": 0}' % (9 << 32)
+                    await super().put(OWNER_KEY, newer, ObjectMeta.of(newer, 9 << 32, 0o600))
+            return info
+
+    async def main():
+        store = TakenOverAfterOneFile(str(tmp_path / "store"))
+        await store.open()
+        fence = Fence(store, window=0.0, margin=0.0)  # every write needs a fresh proof
+        await fence.claim()
+        uploader = Uploader(store, roots, IgnoreRules(), snapshot_roots={name})
+        uploader.fence = fence
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(uploader._commit_snapshot, roots[0], keys)
+            with anyio.fail_after(10):
+                await uploader.fenced.wait()
+            tg.cancel_scope.cancel()
+        assert len(TakenOverAfterOneFile.written) == 1
+        await store.aclose()
+
+    anyio.run(main)

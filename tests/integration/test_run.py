@@ -146,3 +146,77 @@ def test_second_signal_abandons_the_flush(work):
     assert sc.proc.poll() is None  # still trying to flush
     assert sc.stop(signal.SIGTERM, timeout=10) == 0  # the child's code, promptly
     assert sc.has_event("flush_abandoned") and sc.has_event("shutdown_pending")
+
+
+def test_a_child_that_reads_the_terminal_gets_it(work):
+    """``docker run -it`` or a shell: the wrapper holds a terminal. The child, in a process group of
+    its own, must be given it; a background group that reads it is stopped (SIGTTIN) for good and
+    no signal ends the pair. A real pseudo-terminal; the wrapper is its session's foreground."""
+    import pty
+    import select
+    import time
+
+    from support import sidecar_cmd, sidecar_env
+
+    work, store = work
+    child = "import sys; line = sys.stdin.readline(); print('got ' + line.strip(), flush=True)"
+    argv = sidecar_cmd("run", "--store", str(store), "--", sys.executable, "-c", child)
+    env = sidecar_env()
+    pid, fd = pty.fork()
+    if pid == 0:  # pragma: no cover - the forked child
+        os.chdir(work)
+        os.execvpe(argv[0], argv, env)
+    out = b""
+    try:
+        os.write(fd, b"hello\n")
+        deadline = time.monotonic() + 30
+        while b"got hello" not in out and time.monotonic() < deadline:
+            if select.select([fd], [], [], 0.2)[0]:
+                try:
+                    out += os.read(fd, 4096)
+                except OSError:  # the terminal closed: everyone exited
+                    break
+        assert b"got hello" in out, out.decode(errors="replace")[-2000:]
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            if select.select([fd], [], [], 0.2)[0]:
+                try:
+                    os.read(fd, 4096)
+                except OSError:
+                    pass
+        assert done, "the wrapper did not exit"
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+        os.close(fd)
+
+
+def test_a_stopped_child_still_ends_on_sigterm(work):
+    """A child stopped (SIGSTOP, or Ctrl-Z once it holds the terminal) would keep a forwarded
+    SIGTERM pending for ever: SIGCONT follows it."""
+    work, store = work
+    sc = Sidecar(work, "run", "--store", str(store), "--", sys.executable, "-c", TRAP)
+    wait_for(lambda: (work / "ready").exists(), 15, "child started")
+    child = int((work / "ready").read_text())
+    os.kill(child, signal.SIGSTOP)
+
+    def stopped():
+        with open(f"/proc/{child}/stat") as f:
+            return f.read().split(")")[1].split()[0] == "T"
+
+    try:
+        wait_for(stopped, 5, "child stopped")
+        assert sc.stop(signal.SIGTERM) == 0, sc.log()
+    finally:
+        try:
+            os.kill(child, signal.SIGKILL)  # never left behind stopped, whatever happened
+        except ProcessLookupError:
+            pass
+    assert store_tree(store) == {"c/last.json": b"written on SIGTERM"}

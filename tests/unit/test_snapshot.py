@@ -21,6 +21,26 @@ def test_corrupt_bundle_refused():
         decode_bundle(b"not json\n")
 
 
+@pytest.mark.parametrize("blob", [
+    b"[]\n",  # a header that is not an object
+    b'{"version": 1, "root": "r", "entries": [[]]}\n',  # an entry that is not an object
+    b'{"version": 1, "root": "r", "entries": [{"key": 5, "deleted": true}]}\n',  # a key that is not a string
+    b'{"version": 1, "root": ["r"], "entries": []}\n',
+    b'{"version": 1, "root": "r", "entries": {}}\n',
+    b'{"version": 1, "root": "r", "entries": [{"key": "r/a", "size": -1, "sha256": "x", "mtime_ns": 1, "mode": 384}]}\nabc',
+    b'{"version": 1, "root": "r", "entries": [{"key": "r/a", "size": 9, "sha256": "x", "mtime_ns": 1, "mode": 384}]}\nabc',
+    b'{"version": 1, "root": "r", "entries": [{"key": "r/a", "size": true, "sha256": "x", "mtime_ns": 1, "mode": 384}]}\na',
+    b'{"version": 1, "root": "r", "entries": [{"key": "r/a", "size": 1, "sha256": 7, "mtime_ns": 1, "mode": 384}]}\na',
+    b'{"version": 1, "root": "r", "entries": []}\ntrailing bytes no entry accounts for',
+    b'{"version": 2, "root": "r", "entries": []}\n',
+])
+def test_hostile_bundles_are_refused_as_unreadable(blob):
+    """A bundle is read from the store: whatever it holds is a BundleError (one line at restore),
+    never an AttributeError or a half-decoded change."""
+    with pytest.raises(BundleError):
+        decode_bundle(blob)
+
+
 def test_take_all_ignores_barriers():
     from sidecar.queue import DELETE, UPLOAD, PendingSet
 
