@@ -327,6 +327,8 @@ async def _run(settings: Settings, roots: list[Root], cmd: list[str], shutdown: 
                 with anyio.move_on_after(5):
                     await child.wait()
                 child.send(signal.SIGKILL)
+            if child is not None:
+                child.end_group()
             await store.aclose()
 
 

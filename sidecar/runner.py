@@ -96,5 +96,13 @@ class Child:
                 except PermissionError:
                     os.kill(self.pid, s)
 
+    def end_group(self) -> None:
+        """Once the child has exited: SIGTERM whatever it left running in its process group
+        (helpers it started and did not stop), as an init would; nothing if none is left."""
+        try:
+            os.killpg(self.pid, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            pass
+
     async def wait(self) -> int:
         return exit_code(await self.proc.wait())

@@ -220,3 +220,31 @@ def test_a_stopped_child_still_ends_on_sigterm(work):
         except ProcessLookupError:
             pass
     assert store_tree(store) == {"c/last.json": b"written on SIGTERM"}
+
+
+def test_helpers_the_child_left_running_are_ended_with_it(work):
+    """The child starts a helper in its process group and exits without stopping it: the helper
+    must not outlive the wrapper (outside a container nothing else would end it)."""
+    work, store = work
+    code = ("import subprocess, sys\n"
+            "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+            "open('helper', 'w').write(str(p.pid))\n")
+    r = run_cli("run", "--store", str(store), "--", sys.executable, "-c", code, cwd=work)
+    assert r.returncode == 0, r.stderr
+    helper = int((work / "helper").read_text())
+
+    def gone():
+        try:
+            os.kill(helper, 0)
+        except ProcessLookupError:
+            return True
+        with open(f"/proc/{helper}/stat") as f:
+            return f.read().split(")")[1].split()[0] == "Z"
+
+    try:
+        wait_for(gone, 10, "the helper to end")
+    finally:
+        try:
+            os.kill(helper, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
