@@ -316,6 +316,7 @@ async def _run(settings: Settings, roots: list[Root], cmd: list[str], shutdown: 
             await tg.start(daemon.serve)
             rc = await child.wait()
             log.info("child_exited", code=rc)
+            child.end_group()  # before the drain: what its helpers write as they stop is mirrored
             with anyio.CancelScope(shield=True):
                 await daemon.drain(settings.drain_timeout, abandon=shutdown.forced)
             tg.cancel_scope.cancel()
@@ -327,8 +328,6 @@ async def _run(settings: Settings, roots: list[Root], cmd: list[str], shutdown: 
                 with anyio.move_on_after(5):
                     await child.wait()
                 child.send(signal.SIGKILL)
-            if child is not None:
-                child.end_group()
             await store.aclose()
 
 

@@ -23,7 +23,7 @@ from anyio.abc import TaskStatus
 
 from sidecar import log, metrics
 from sidecar.config import Settings
-from sidecar.localfs import LocalStat, restore_cut_short, scan_root
+from sidecar.localfs import LocalStat, below_root_without_links, restore_cut_short, scan_root
 from sidecar.paths import IgnoreRules, Root
 from sidecar.plan import plan_reconcile
 from sidecar.restorer import Listing, RestoreResult, list_store, restore
@@ -254,13 +254,14 @@ class Daemon:
 
 
 def _not_on_disk(keys: list[str], roots_by_name: dict[str, Root], ignore: IgnoreRules) -> list[str]:
-    """The keys with no mirrored file at their path: none, or an ignored name, a symlink, a directory."""
+    """The keys with no mirrored file at their path: none, or an ignored name, a symlink, a directory,
+    a file reached through a symlinked directory (the scan does not follow those either)."""
     out = []
     for key in keys:
         name, _, rel = key.partition("/")
         root = roots_by_name.get(name)
         try:
-            present = (root is not None and not ignore.ignored(rel)
+            present = (root is not None and not ignore.ignored(rel) and below_root_without_links(root, rel)
                        and stat.S_ISREG(os.lstat(os.path.join(root.path, rel)).st_mode))
         except OSError:
             present = False

@@ -1,10 +1,14 @@
 """The process runner: start the wrapped command, forward signals, report its exact exit status.
 
-The child inherits stdio, runs in its own process group (so signals reach it once, through us,
-not twice), and has the kernel send it SIGTERM if the wrapper dies (``PR_SET_PDEATHSIG``): a host
-must never go on running while nothing mirrors its state. When the wrapper holds the terminal
-(``docker run -it``, a shell), the child's group is given the terminal: a background group that
-reads it would be stopped (SIGTTIN) for good, and Ctrl-C then reaches the child directly.
+The child inherits stdio and has the kernel send it SIGTERM if the wrapper dies
+(``PR_SET_PDEATHSIG``): a host must never go on running while nothing mirrors its state.
+
+It runs in a process group of its own, so signals reach it once, through us, and reach the
+helpers it starts too; except when the wrapper holds a terminal (``docker run -it``, a shell).
+Then the child stays in the wrapper's group, the terminal's foreground group: a group of its own
+would be a background one, stopped (SIGTTIN) for good when it reads the terminal. Job control then
+works as for any command (Ctrl-Z stops both, ``fg`` resumes both), and SIGINT is not forwarded:
+the terminal has sent Ctrl-C to the child as well as to us.
 """
 
 from __future__ import annotations
@@ -29,18 +33,10 @@ class SpawnError(Exception):
         self.exit_code = exit_code
 
 
-def _child_setup(parent_pid: int, take_terminal: bool) -> None:
+def _child_setup(parent_pid: int, own_group: bool) -> None:
     # Runs in the child between fork and exec: only async-signal-safe work, prepared beforehand.
-    os.setpgid(0, 0)  # a process group of its own (uvloop has no process_group= argument)
-    if take_terminal:
-        # from a background group tcsetpgrp raises SIGTTOU: ignored for the call, then restored
-        # (an ignored disposition would survive exec)
-        signal.signal(signal.SIGTTOU, signal.SIG_IGN)
-        try:
-            os.tcsetpgrp(0, os.getpgrp())
-        except OSError:
-            pass
-        signal.signal(signal.SIGTTOU, signal.SIG_DFL)
+    if own_group:
+        os.setpgid(0, 0)  # a process group of its own (uvloop has no process_group= argument)
     if _prctl is not None:
         _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
         if os.getppid() != parent_pid:  # the parent died before prctl took effect
@@ -61,20 +57,21 @@ def _holds_terminal() -> bool:
 
 
 class Child:
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+    def __init__(self, proc: asyncio.subprocess.Process, own_group: bool = True) -> None:
         self.proc = proc
         self.pid = proc.pid
+        self.own_group = own_group
 
     @classmethod
     async def spawn(cls, argv: list[str], env: dict[str, str] | None = None) -> "Child":
         parent = os.getpid()
-        take_terminal = _holds_terminal()
+        own_group = not _holds_terminal()
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv,
                 stdin=None, stdout=None, stderr=None,  # inherited
                 env=env,
-                preexec_fn=lambda: _child_setup(parent, take_terminal),
+                preexec_fn=lambda: _child_setup(parent, own_group),
             )
         except FileNotFoundError:
             raise SpawnError(f"command not found: {argv[0]}", 127) from None
@@ -82,23 +79,33 @@ class Child:
             raise SpawnError(f"command not executable: {argv[0]}", 126) from None
         except OSError as e:
             raise SpawnError(f"cannot start {argv[0]}: {e.strerror}", 126) from None
-        return cls(proc)
+        return cls(proc, own_group)
 
     def send(self, sig: int) -> None:
         """Signal the child's process group (it leads one), so helpers it started hear it too. A
-        stop signal is followed by SIGCONT, as systemd does: a stopped child (Ctrl-Z) acts on it."""
-        if self.proc.returncode is None:
-            for s in (sig, signal.SIGCONT) if sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP) else (sig,):
+        stop signal is followed by SIGCONT, as systemd does: a stopped child acts on it."""
+        if self.proc.returncode is not None:
+            return
+        if not self.own_group:  # sharing our terminal's group: see the module's docstring
+            if sig != signal.SIGINT:
                 try:
-                    os.killpg(self.pid, s)
+                    os.kill(self.pid, sig)
                 except ProcessLookupError:
                     pass
-                except PermissionError:
-                    os.kill(self.pid, s)
+            return
+        for s in (sig, signal.SIGCONT) if sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP) else (sig,):
+            try:
+                os.killpg(self.pid, s)
+            except ProcessLookupError:
+                pass
+            except PermissionError:
+                os.kill(self.pid, s)
 
     def end_group(self) -> None:
         """Once the child has exited: SIGTERM whatever it left running in its process group
         (helpers it started and did not stop), as an init would; nothing if none is left."""
+        if not self.own_group:
+            return  # our own group: an interactive session's helpers are its user's to end
         try:
             os.killpg(self.pid, signal.SIGTERM)
         except (ProcessLookupError, PermissionError):

@@ -24,7 +24,7 @@ from sidecar.paths import IgnoreRules, Root, UnsafeKey, locate, make_key, split_
 from sidecar.queue import DELETE, UPLOAD, Op, PendingSet
 from sidecar.retry import backoff
 from sidecar.fence import Fence, Fenced
-from sidecar.snapshot import Change, bundle_key, encode_bundle
+from sidecar.snapshot import BUNDLE_DIR, Change, bundle_key, encode_bundle
 from sidecar.store.base import ObjectInfo, ObjectMeta, Store, StoreError, TransientStoreError
 
 #: Store operations after which going idle also hands freed heap memory back to the system.
@@ -268,6 +268,17 @@ class Uploader:
         commit (their disk already matches the per-file objects), except for roots in ``keep``
         (whose disk is not the truth). A delete is a write: it waits for the claim."""
         await self._guard()
+        if self.snapshots:
+            # Listed again now that the claim's wait is over: a predecessor fenced in the middle of
+            # a commit may have left its bundle after our start-up listing, and from now on none of
+            # its writes can land. Left in place, a later restore would lay it over our files.
+            try:
+                async for info in self.store.list(BUNDLE_DIR + "/"):
+                    name = info.key[len(BUNDLE_DIR) + 1 :]
+                    if name in self.snapshots:
+                        self.bundle_outstanding.add(name)
+            except StoreError as e:
+                log.warning("bundle_cleanup_failed", root="-", error=str(e))
         for name in sorted(self.bundle_outstanding - keep):
             async with self._bundle_lock(name):
                 # decided under the lock: a commit of this root may have replaced the bundle, or

@@ -3,18 +3,18 @@
 Layout under ``<base>/<prefix>/``::
 
     <key>                          the object's bytes, mode and mtime as recorded
-    .sidecar-meta/<key>.json       {"size", "sha256", "mtime_ns", "mode", "data_mtime_ns", "data_ino"}
+    .sidecar-meta/<key>.json       {"size", "sha256", "mtime_ns", "mode", "data_mtime_ns"}
     .sidecar-meta/<dir>/.sidecar-long-<sha256 of name>.json
                                    the same, for a name too long to take the ".json" suffix
                                    (a file name may have 255 bytes; ".sidecar-*" names are never
                                    mirrored, so this cannot collide with a real key's record)
 
 Each file is written to a temp file, fsynced, renamed over the target, and its directory fsynced.
-Data goes first, metadata second; ``list`` trusts the metadata only while the data file's size,
-mtime and inode still match what it recorded (``data_mtime_ns``, ``data_ino``: every rename brings
-a new inode, so even a new version of the same size and mtime is told apart), so a crash between
-the two renames leaves an object whose sha256 is unknown (``None``) rather than a wrong one, and
-reconciliation rewrites it. (Records written before ``data_ino`` existed are checked without it.)
+A replacement first removes the old metadata record (durably), then writes the data, then the new
+record; ``list`` trusts a record only while the data file's size and mtime still match what it
+recorded (``data_mtime_ns``). A crash anywhere in between therefore leaves an object whose sha256
+is unknown (``None``) rather than a wrong one, even when the new version has the old one's size and
+mtime, and reconciliation rewrites it.
 """
 
 from __future__ import annotations
@@ -75,6 +75,15 @@ def _fsync_nearest_dir(path: str, top: str) -> None:
             if path == top or not path.startswith(top):
                 raise
             path = os.path.dirname(path)
+
+
+def _remove_durably(path: str) -> None:
+    """Unlink ``path`` (if there) and fsync its directory."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return
+    _fsync_dir(os.path.dirname(path))
 
 
 def _write_atomic(path: str, data: bytes, mode: int = 0o600, mtime_ns: int | None = None) -> os.stat_result:
@@ -168,6 +177,8 @@ class DirectoryStore:
                 current = self._info(key, data_path, meta_path, st)
                 if current.sha256 is not None and current.mtime_ns > meta.mtime_ns:
                     return current
+                # the old record must not outlive its bytes (see the module's docstring)
+                _remove_durably(meta_path)
             except (FileNotFoundError, NotADirectoryError):
                 pass
             written = _write_atomic(data_path, data, meta.mode, meta.mtime_ns)
@@ -177,7 +188,6 @@ class DirectoryStore:
                 "mtime_ns": meta.mtime_ns,
                 "mode": meta.mode,
                 "data_mtime_ns": written.st_mtime_ns,
-                "data_ino": written.st_ino,
             }
             _write_atomic(meta_path, json.dumps(record).encode())
             return ObjectInfo(key, meta.size, meta.sha256, meta.mtime_ns, meta.mode, str(written.st_mtime_ns))
@@ -188,8 +198,7 @@ class DirectoryStore:
         try:
             with open(meta_path, "rb") as f:
                 rec = json.loads(f.read())
-            if (rec.get("size") == st.st_size and rec.get("data_mtime_ns") == st.st_mtime_ns
-                    and rec.get("data_ino", st.st_ino) == st.st_ino):
+            if rec.get("size") == st.st_size and rec.get("data_mtime_ns") == st.st_mtime_ns:
                 return ObjectInfo(
                     key, st.st_size, rec["sha256"], int(rec["mtime_ns"]), int(rec["mode"]),
                     str(st.st_mtime_ns),

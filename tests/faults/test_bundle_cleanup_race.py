@@ -87,3 +87,26 @@ def test_the_stale_bundle_cleanup_never_leaves_a_commits_bundle_behind(tmp_path)
         assert (await store.get(f"{name}/a.json"))[0] == b"a"
 
     anyio.run(main)
+
+
+def test_a_bundle_a_fenced_predecessor_left_after_our_listing_is_dropped(tmp_path):
+    """The predecessor, fenced in the middle of a commit, wrote its bundle after our start-up
+    listing (so we never learnt of it): the cleanup, once the claim's wait is over, lists the
+    bundles again and deletes it rather than leave it for a later restore to lay over our files."""
+    state = tmp_path / "state"
+    roots = make_roots([str(state)], str(tmp_path))
+    name = roots[0].name
+    left = b"the predecessor's half-applied commit"
+
+    async def main():
+        store = DirectoryStore(str(tmp_path / "store"))
+        await store.open()
+        uploader = Uploader(store, roots, IgnoreRules(), snapshot_roots={name})
+        assert uploader.bundle_outstanding == set()  # what our start-up listing found
+        await store.put(bundle_key(name), left, ObjectMeta.of(left, 1, 0o600))  # then it landed
+        await uploader.drop_stale_bundles(set())
+        with pytest.raises(NotFound):
+            await store.get(bundle_key(name))
+        await store.aclose()
+
+    anyio.run(main)

@@ -1,37 +1,80 @@
-"""The directory store cut between a put's two renames (data first, then its metadata record).
+"""The directory store cut between a put's data rename and its metadata record.
 
-The record must not vouch for bytes it was not written for. It is checked against the data file's
-size, mtime and inode: a new version of the same size and mtime (a writer that keeps mtimes, a
-coarse clock) still has a new inode, so its sha256 is unknown, never the old one's, and a restore
-does not refuse the object as corrupt.
+The record must not vouch for bytes it was not written for, even when the new version has the
+old one's size and mtime (a writer that keeps mtimes, a coarse clock): the object's sha256 must
+read as unknown, never the old version's, or a restore would refuse the object as corrupt.
+Deterministic: the record's write fails as if the process had died there.
 """
 
 from __future__ import annotations
 
+import shutil
+
 import anyio
 import pytest
 
+import sidecar.store.directory as directory_mod
 from sidecar.store.base import ObjectMeta
-from sidecar.store.directory import DirectoryStore, _write_atomic
+from sidecar.store.directory import DirectoryStore
 
 pytestmark = pytest.mark.faults
 
+STAMP = 1_700_000_000_000_000_000
 
-def test_a_put_cut_after_its_data_rename_leaves_no_wrong_checksum(tmp_path):
+
+class Died(BaseException):
+    pass
+
+
+def test_a_put_cut_after_its_data_rename_leaves_no_wrong_checksum(tmp_path, monkeypatch):
+    old, new = b"version 1", b"version 2"  # same size, same mtime
+
     async def main():
         store = DirectoryStore(str(tmp_path / "store"))
         await store.open()
-        old, new = b"version 1", b"version 2"  # same size, and the same mtime below
-        await store.put("r/a.json", old, ObjectMeta.of(old, 1_700_000_000_000_000_000, 0o600))
-        data_path, _meta_path = store._paths("r/a.json")
-        _write_atomic(data_path, new, 0o600, 1_700_000_000_000_000_000)  # ... and the process dies here
+        await store.put("r/a.json", old, ObjectMeta.of(old, STAMP, 0o600))
+        _data_path, meta_path = store._paths("r/a.json")
+        real = directory_mod._write_atomic
+
+        def dies_at_the_record(path, *a, **k):
+            if path == meta_path:
+                raise Died()
+            return real(path, *a, **k)
+
+        monkeypatch.setattr(directory_mod, "_write_atomic", dies_at_the_record)
+        with pytest.raises(Died):
+            await store.put("r/a.json", new, ObjectMeta.of(new, STAMP, 0o600))
+        monkeypatch.setattr(directory_mod, "_write_atomic", real)
+
         data, info = await store.get("r/a.json")
         assert data == new
-        assert info.sha256 in (None, ObjectMeta.of(new, 0, 0).sha256)
-        assert [i.sha256 async for i in store.list("r/")] == [info.sha256]
+        assert info.sha256 is None, "the old version's record vouches for the new bytes"
+        assert [i.sha256 async for i in store.list("r/")] == [None]
         # the next put of the same version repairs the record
-        await store.put("r/a.json", new, ObjectMeta.of(new, 1_700_000_000_000_000_000, 0o600))
+        await store.put("r/a.json", new, ObjectMeta.of(new, STAMP, 0o600))
         assert (await store.get("r/a.json"))[1].sha256 == ObjectMeta.of(new, 0, 0).sha256
         await store.aclose()
+
+    anyio.run(main)
+
+
+def test_a_copied_store_keeps_its_checksums(tmp_path):
+    """A store directory copied elsewhere (`cp -a`, rsync, a backup restored): every record still
+    vouches for its object, and a stale write is still refused."""
+    data = b"checkpoint"
+
+    async def main():
+        store = DirectoryStore(str(tmp_path / "store"))
+        await store.open()
+        await store.put("r/a.json", data, ObjectMeta.of(data, STAMP, 0o600))
+        await store.aclose()
+        shutil.copytree(tmp_path / "store", tmp_path / "copy", symlinks=True)
+        copy = DirectoryStore(str(tmp_path / "copy"))
+        await copy.open()
+        assert (await copy.get("r/a.json"))[1].sha256 == ObjectMeta.of(data, 0, 0).sha256
+        older = b"older one"
+        info = await copy.put("r/a.json", older, ObjectMeta.of(older, STAMP - 1, 0o600))
+        assert info.mtime_ns == STAMP and (await copy.get("r/a.json"))[0] == data
+        await copy.aclose()
 
     anyio.run(main)

@@ -84,17 +84,21 @@ def test_a_file_rewritten_while_the_scan_passes_is_not_deleted(tmp_path, monkeyp
 
 
 def test_a_stored_file_that_is_really_gone_is_still_deleted(tmp_path):
-    """The control: the same reconcile deletes a stored file with nothing (or a symlink) on disk."""
+    """The control: the same reconcile deletes a stored file with nothing on disk, a symlink, or a
+    file reached through a symlinked directory (never mirrored: the scan does not follow links)."""
     work = tmp_path / "work"
     cps = work / ".checkpoints"
     write_atomic(cps / "ctx" / "kept.json", b"k")
     (cps / "ctx" / "link.json").symlink_to(cps / "ctx" / "kept.json")
+    write_atomic(tmp_path / "elsewhere" / "x.json", b"outside the root")
+    (cps / "moved").symlink_to(tmp_path / "elsewhere")  # a stored directory replaced by a link
     settings, roots = load({"store": str(tmp_path / "store"), "roots": str(cps)}, cwd=str(work))
     daemon = Daemon(settings, roots, make_store(settings.store))
-    for name in ("gone.json", "link.json"):
-        key = f".checkpoints/ctx/{name}"
+    for name in ("ctx/gone.json", "ctx/link.json", "moved/x.json"):
+        key = f".checkpoints/{name}"
         daemon.uploader.remote[key] = ObjectInfo(key, 1, ObjectMeta.of(b"x", 1, 0).sha256, 1, 0o600)
     anyio.run(daemon.reconcile)
     queued = daemon.uploader.pending.pending
     assert {k: op.kind for k, op in queued.items() if op.kind == DELETE} == {
-        ".checkpoints/ctx/gone.json": DELETE, ".checkpoints/ctx/link.json": DELETE}
+        ".checkpoints/ctx/gone.json": DELETE, ".checkpoints/ctx/link.json": DELETE,
+        ".checkpoints/moved/x.json": DELETE}

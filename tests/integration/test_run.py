@@ -224,14 +224,24 @@ def test_a_stopped_child_still_ends_on_sigterm(work):
 
 def test_helpers_the_child_left_running_are_ended_with_it(work):
     """The child starts a helper in its process group and exits without stopping it: the helper
-    must not outlive the wrapper (outside a container nothing else would end it)."""
+    must not outlive the wrapper (outside a container nothing else would end it), and is ended
+    while mirroring still runs."""
     work, store = work
-    code = ("import subprocess, sys\n"
-            "p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
-            "open('helper', 'w').write(str(p.pid))\n")
+    helper_code = ("import os, signal, sys, time\n"
+                   "def bye(*a):\n"
+                   " os.makedirs('.checkpoints/c', exist_ok=True)\n"
+                   " open('.checkpoints/c/helper.json', 'w').write('written as it stopped'); sys.exit(0)\n"
+                   "signal.signal(signal.SIGTERM, bye)\n"
+                   "open('helper', 'w').write(str(os.getpid()))\n"
+                   "time.sleep(120)\n")
+    code = ("import os, subprocess, sys, time\n"
+            f"p = subprocess.Popen([sys.executable, '-c', {helper_code!r}])\n"
+            "while not os.path.exists('helper'): time.sleep(0.01)\n")
     r = run_cli("run", "--store", str(store), "--", sys.executable, "-c", code, cwd=work)
     assert r.returncode == 0, r.stderr
     helper = int((work / "helper").read_text())
+    # ended before the drain, so what it wrote as it stopped is mirrored
+    assert store_tree(store) == {"c/helper.json": b"written as it stopped"}
 
     def gone():
         try:
@@ -248,3 +258,60 @@ def test_helpers_the_child_left_running_are_ended_with_it(work):
             os.kill(helper, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def test_ctrl_c_on_a_terminal_reaches_the_child_once(work):
+    """On a terminal the child shares the wrapper's foreground group: Ctrl-C reaches both from the
+    terminal, and the wrapper must not send it a second one."""
+    import pty
+    import select
+    import time
+
+    from support import sidecar_cmd, sidecar_env
+
+    work, store = work
+    child = ("import os, signal, sys, time\n"
+             "def got(*a):\n"
+             " open('ints', 'a').write('int\\n')\n"
+             "signal.signal(signal.SIGINT, got)\n"
+             "open('ready', 'w').write('1')\n"
+             "while not os.path.exists('done'): time.sleep(0.01)\n")
+    argv = sidecar_cmd("run", "--store", str(store), "--", sys.executable, "-c", child)
+    pid, fd = pty.fork()
+    if pid == 0:  # pragma: no cover - the forked child
+        os.chdir(work)
+        os.execvpe(argv[0], argv, sidecar_env())
+    out = bytearray()
+
+    def read_terminal() -> bytes:
+        while select.select([fd], [], [], 0)[0]:
+            try:
+                out.extend(os.read(fd, 4096))
+            except OSError:
+                break
+        return bytes(out)
+
+    try:
+        wait_for(lambda: read_terminal() and (work / "ready").exists(), 30, "child started")
+        os.write(fd, b"\x03")  # Ctrl-C
+        # the wrapper logs the shutdown request after it would have forwarded the signal
+        wait_for(lambda: b"shutdown_requested" in read_terminal(), 10, "the wrapper's SIGINT")
+        wait_for(lambda: (work / "ints").exists(), 10, "SIGINT at the child")
+        (work / "done").write_text("1")  # the child checks it only after handling pending signals
+        done = 0
+
+        def exited():
+            nonlocal done
+            read_terminal()
+            done, _status = os.waitpid(pid, os.WNOHANG)
+            return done
+
+        wait_for(exited, 30, "the wrapper to exit")
+        assert (work / "ints").read_text() == "int\n", "the child got Ctrl-C more than once"
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+        os.close(fd)
