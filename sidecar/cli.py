@@ -316,7 +316,7 @@ async def _run(settings: Settings, roots: list[Root], cmd: list[str], shutdown: 
             await tg.start(daemon.serve)
             rc = await child.wait()
             log.info("child_exited", code=rc)
-            child.end_group()  # before the drain: what its helpers write as they stop is mirrored
+            await child.end_group()  # before the drain: what its helpers write as they stop is mirrored
             with anyio.CancelScope(shield=True):
                 await daemon.drain(settings.drain_timeout, abandon=shutdown.forced)
             tg.cancel_scope.cancel()

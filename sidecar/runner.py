@@ -8,7 +8,9 @@ helpers it starts too; except when the wrapper holds a terminal (``docker run -i
 Then the child stays in the wrapper's group, the terminal's foreground group: a group of its own
 would be a background one, stopped (SIGTTIN) for good when it reads the terminal. Job control then
 works as for any command (Ctrl-Z stops both, ``fg`` resumes both), and SIGINT is not forwarded:
-the terminal has sent Ctrl-C to the child as well as to us.
+the terminal has sent Ctrl-C to the child as well as to us (a SIGINT sent to the wrapper alone is
+therefore not passed on in that mode: use SIGTERM). Ctrl-\\ (SIGQUIT) is ignored by the wrapper
+then, so that it reaches the child only and the wrapper still flushes.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ def _child_setup(parent_pid: int, own_group: bool) -> None:
     # Runs in the child between fork and exec: only async-signal-safe work, prepared beforehand.
     if own_group:
         os.setpgid(0, 0)  # a process group of its own (uvloop has no process_group= argument)
+    else:
+        signal.signal(signal.SIGQUIT, signal.SIG_DFL)  # ignored by the wrapper only
     if _prctl is not None:
         _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
         if os.getppid() != parent_pid:  # the parent died before prctl took effect
@@ -66,6 +70,8 @@ class Child:
     async def spawn(cls, argv: list[str], env: dict[str, str] | None = None) -> "Child":
         parent = os.getpid()
         own_group = not _holds_terminal()
+        if not own_group:
+            signal.signal(signal.SIGQUIT, signal.SIG_IGN)
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv,
@@ -101,15 +107,29 @@ class Child:
             except PermissionError:
                 os.kill(self.pid, s)
 
-    def end_group(self) -> None:
+    async def end_group(self, timeout: float = 2.0) -> None:
         """Once the child has exited: SIGTERM whatever it left running in its process group
-        (helpers it started and did not stop), as an init would; nothing if none is left."""
+        (helpers it started and did not stop), as an init would, and wait up to ``timeout`` for
+        them to be gone (what they write as they stop is then mirrored); nothing if none is left."""
         if not self.own_group:
             return  # our own group: an interactive session's helpers are its user's to end
         try:
             os.killpg(self.pid, signal.SIGTERM)
         except (ProcessLookupError, PermissionError):
-            pass
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while loop.time() < deadline:
+            try:  # as PID 1 the helpers are ours to reap, or they would stay as zombies
+                while os.waitpid(-self.pid, os.WNOHANG)[0]:
+                    pass
+            except ChildProcessError:
+                pass
+            try:
+                os.killpg(self.pid, 0)
+            except (ProcessLookupError, PermissionError):
+                return
+            await asyncio.sleep(0.01)
 
     async def wait(self) -> int:
         return exit_code(await self.proc.wait())

@@ -175,7 +175,10 @@ class DirectoryStore:
             try:
                 st = os.stat(data_path, follow_symlinks=False)
                 current = self._info(key, data_path, meta_path, st)
-                if current.sha256 is not None and current.mtime_ns > meta.mtime_ns:
+                # A record-less object is refused too when it is the sidecar's own (the owner
+                # marker, a bundle: always written with their stamp as mtime), or a concurrent
+                # put between its record's removal and its new one would let an older marker in.
+                if current.mtime_ns > meta.mtime_ns and (current.sha256 is not None or key.startswith(".sidecar/")):
                     return current
                 # the old record must not outlive its bytes (see the module's docstring)
                 _remove_durably(meta_path)

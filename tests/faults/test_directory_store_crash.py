@@ -78,3 +78,26 @@ def test_a_copied_store_keeps_its_checksums(tmp_path):
         await copy.aclose()
 
     anyio.run(main)
+
+
+def test_an_older_owner_marker_is_refused_while_the_record_is_being_replaced(tmp_path):
+    """Between a replacement's removal of the old record and its new one, the object has no
+    record; the stamp on the sidecar's own objects (the fence's owner marker) must still hold,
+    or an older sidecar's marker would be accepted in that moment."""
+    from sidecar.fence import OWNER_KEY
+
+    marker = b'{"generation": 2}'
+    older = b'{"generation": 1}'
+
+    async def main():
+        store = DirectoryStore(str(tmp_path / "store"))
+        await store.open()
+        await store.put(OWNER_KEY, marker, ObjectMeta.of(marker, 2 << 32, 0o600))
+        _data_path, meta_path = store._paths(OWNER_KEY)
+        directory_mod._remove_durably(meta_path)  # a replacement of it under way
+        info = await store.put(OWNER_KEY, older, ObjectMeta.of(older, 1 << 32, 0o600))
+        assert info.mtime_ns == 2 << 32, "an older marker was accepted"
+        assert (await store.get(OWNER_KEY))[0] == marker
+        await store.aclose()
+
+    anyio.run(main)

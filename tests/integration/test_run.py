@@ -315,3 +315,53 @@ def test_ctrl_c_on_a_terminal_reaches_the_child_once(work):
         except (ProcessLookupError, ChildProcessError):
             pass
         os.close(fd)
+
+
+def test_ctrl_backslash_on_a_terminal_ends_the_child_not_the_wrapper(work):
+    """Ctrl-\\ (SIGQUIT) reaches the whole foreground group; the wrapper ignores it, so it reports
+    the child's death by SIGQUIT (131) after flushing, instead of dying with it unflushed."""
+    import pty
+    import select
+
+    from support import sidecar_cmd, sidecar_env
+
+    work, store = work
+    child = ("import os, time\n"
+             "os.makedirs('.checkpoints/c', exist_ok=True)\n"
+             "open('.checkpoints/c/a.json', 'w').write('a')\n"
+             "open('ready', 'w').write('1')\n"
+             "time.sleep(60)\n")
+    argv = sidecar_cmd("run", "--store", str(store), "--", sys.executable, "-c", child)
+    pid, fd = pty.fork()
+    if pid == 0:  # pragma: no cover - the forked child
+        os.chdir(work)
+        os.execvpe(argv[0], argv, sidecar_env())
+    out = bytearray()
+    status = None
+
+    def exited():
+        nonlocal status
+        while select.select([fd], [], [], 0)[0]:
+            try:
+                out.extend(os.read(fd, 4096))
+            except OSError:
+                break
+        done, st = os.waitpid(pid, os.WNOHANG)
+        if done:
+            status = st
+        return done
+
+    try:
+        wait_for(lambda: exited() or (work / "ready").exists(), 30, "child started")
+        os.write(fd, b"\x1c")  # Ctrl-\\
+        wait_for(exited, 30, "the wrapper to exit")
+        assert os.WIFEXITED(status), f"the wrapper itself died of a signal: {out.decode(errors='replace')[-1500:]}"
+        assert os.WEXITSTATUS(status) == 128 + signal.SIGQUIT
+        assert store_tree(store) == {"c/a.json": b"a"}
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
+        os.close(fd)
