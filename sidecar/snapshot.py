@@ -89,9 +89,9 @@ def decode_bundle(blob: bytes) -> tuple[str, list[Change]]:
         if offset != len(body):
             raise BundleError("unreadable bundle: bytes beyond its entries")
         return root, changes
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
-        if isinstance(e, BundleError):
-            raise
+    except BundleError:
+        raise
+    except (ValueError, KeyError, TypeError) as e:
         raise BundleError(f"unreadable bundle: {e}") from None
 
 

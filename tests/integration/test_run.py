@@ -6,7 +6,16 @@ import os
 import signal
 import sys
 
-from support import Sidecar, json_lines, run_cli, store_tree, wait_for
+from support import Sidecar, json_lines, run_cli, sidecar_cmd, sidecar_env, store_tree, wait_for
+
+
+def proc_state(pid: int) -> str | None:
+    """The process's state letter from /proc (R, S, T, Z...); None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return None
 
 
 def test_child_exit_code_is_passed_through(work):
@@ -122,15 +131,7 @@ def test_child_is_terminated_when_the_wrapper_dies(work):
     os.kill(sc.proc.pid, signal.SIGKILL)  # only the wrapper
     sc.proc.wait(5)
 
-    def gone():
-        try:
-            os.kill(child, 0)
-        except ProcessLookupError:
-            return True
-        with open(f"/proc/{child}/stat") as f:
-            return f.read().split(")")[1].split()[0] == "Z"
-
-    wait_for(gone, 10, "orphaned child to exit")
+    wait_for(lambda: proc_state(child) in (None, "Z"), 10, "orphaned child to exit")
 
 
 def test_second_signal_abandons_the_flush(work):
@@ -148,54 +149,71 @@ def test_second_signal_abandons_the_flush(work):
     assert sc.has_event("flush_abandoned") and sc.has_event("shutdown_pending")
 
 
+class Terminal:
+    """``checkpoint-sidecar run -- python -c CHILD`` on a real pseudo-terminal, as a shell runs a
+    command: the wrapper is its session's foreground process group. Killed on exit if still up."""
+
+    def __init__(self, work, store, child: str) -> None:
+        import pty
+
+        argv = sidecar_cmd("run", "--store", str(store), "--", sys.executable, "-c", child)
+        self.pid, self.fd = pty.fork()
+        if self.pid == 0:  # pragma: no cover - the forked child
+            os.chdir(work)
+            os.execvpe(argv[0], argv, sidecar_env())
+        self.out = bytearray()
+        self.status: int | None = None
+
+    def read(self) -> bytes:
+        """Everything the terminal has shown so far (read as it comes, so no writer blocks)."""
+        import select
+
+        while select.select([self.fd], [], [], 0)[0]:
+            try:
+                self.out.extend(os.read(self.fd, 4096))
+            except OSError:  # the terminal closed: everyone exited
+                break
+        return bytes(self.out)
+
+    def exited(self) -> bool:
+        self.read()
+        if self.status is None:
+            done, status = os.waitpid(self.pid, os.WNOHANG)
+            if done:
+                self.status = status
+        return self.status is not None
+
+    def wait(self, cond, timeout: float, what: str) -> None:
+        wait_for(lambda: self.read() is not None and cond(), timeout, what,
+                 diagnostics=lambda: "\n" + self.out.decode(errors="replace")[-2000:])
+
+    def type(self, keys: bytes) -> None:
+        os.write(self.fd, keys)
+
+    def __enter__(self) -> "Terminal":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.status is None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+                os.waitpid(self.pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+        os.close(self.fd)
+
+
 def test_a_child_that_reads_the_terminal_gets_it(work):
-    """``docker run -it`` or a shell: the wrapper holds a terminal. The child, in a process group of
-    its own, must be given it; a background group that reads it is stopped (SIGTTIN) for good and
-    no signal ends the pair. A real pseudo-terminal; the wrapper is its session's foreground."""
-    import pty
-    import select
-    import time
-
-    from support import sidecar_cmd, sidecar_env
-
+    """``docker run -it`` or a shell: the wrapper holds a terminal. The child must be able to read
+    it: in a background process group of its own it would be stopped (SIGTTIN) for good and no
+    signal would end the pair, so it stays in the wrapper's foreground group."""
     work, store = work
     child = "import sys; line = sys.stdin.readline(); print('got ' + line.strip(), flush=True)"
-    argv = sidecar_cmd("run", "--store", str(store), "--", sys.executable, "-c", child)
-    env = sidecar_env()
-    pid, fd = pty.fork()
-    if pid == 0:  # pragma: no cover - the forked child
-        os.chdir(work)
-        os.execvpe(argv[0], argv, env)
-    out = b""
-    try:
-        os.write(fd, b"hello\n")
-        deadline = time.monotonic() + 30
-        while b"got hello" not in out and time.monotonic() < deadline:
-            if select.select([fd], [], [], 0.2)[0]:
-                try:
-                    out += os.read(fd, 4096)
-                except OSError:  # the terminal closed: everyone exited
-                    break
-        assert b"got hello" in out, out.decode(errors="replace")[-2000:]
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                break
-            if select.select([fd], [], [], 0.2)[0]:
-                try:
-                    os.read(fd, 4096)
-                except OSError:
-                    pass
-        assert done, "the wrapper did not exit"
-        assert os.waitstatus_to_exitcode(status) == 0
-    finally:
-        try:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-        except (ProcessLookupError, ChildProcessError):
-            pass
-        os.close(fd)
+    with Terminal(work, store, child) as t:
+        t.type(b"hello\n")
+        t.wait(lambda: b"got hello" in t.out, 30, "the child to read the terminal")
+        t.wait(t.exited, 30, "the wrapper to exit")
+        assert os.waitstatus_to_exitcode(t.status) == 0
 
 
 def test_a_stopped_child_still_ends_on_sigterm(work):
@@ -207,12 +225,8 @@ def test_a_stopped_child_still_ends_on_sigterm(work):
     child = int((work / "ready").read_text())
     os.kill(child, signal.SIGSTOP)
 
-    def stopped():
-        with open(f"/proc/{child}/stat") as f:
-            return f.read().split(")")[1].split()[0] == "T"
-
     try:
-        wait_for(stopped, 5, "child stopped")
+        wait_for(lambda: proc_state(child) == "T", 5, "child stopped")
         assert sc.stop(signal.SIGTERM) == 0, sc.log()
     finally:
         try:
@@ -243,16 +257,8 @@ def test_helpers_the_child_left_running_are_ended_with_it(work):
     # ended before the drain, so what it wrote as it stopped is mirrored
     assert store_tree(store) == {"c/helper.json": b"written as it stopped"}
 
-    def gone():
-        try:
-            os.kill(helper, 0)
-        except ProcessLookupError:
-            return True
-        with open(f"/proc/{helper}/stat") as f:
-            return f.read().split(")")[1].split()[0] == "Z"
-
     try:
-        wait_for(gone, 10, "the helper to end")
+        wait_for(lambda: proc_state(helper) in (None, "Z"), 10, "the helper to end")
     finally:
         try:
             os.kill(helper, signal.SIGKILL)
@@ -263,12 +269,6 @@ def test_helpers_the_child_left_running_are_ended_with_it(work):
 def test_ctrl_c_on_a_terminal_reaches_the_child_once(work):
     """On a terminal the child shares the wrapper's foreground group: Ctrl-C reaches both from the
     terminal, and the wrapper must not send it a second one."""
-    import pty
-    import select
-    import time
-
-    from support import sidecar_cmd, sidecar_env
-
     work, store = work
     child = ("import os, signal, sys, time\n"
              "def got(*a):\n"
@@ -276,92 +276,30 @@ def test_ctrl_c_on_a_terminal_reaches_the_child_once(work):
              "signal.signal(signal.SIGINT, got)\n"
              "open('ready', 'w').write('1')\n"
              "while not os.path.exists('done'): time.sleep(0.01)\n")
-    argv = sidecar_cmd("run", "--store", str(store), "--", sys.executable, "-c", child)
-    pid, fd = pty.fork()
-    if pid == 0:  # pragma: no cover - the forked child
-        os.chdir(work)
-        os.execvpe(argv[0], argv, sidecar_env())
-    out = bytearray()
-
-    def read_terminal() -> bytes:
-        while select.select([fd], [], [], 0)[0]:
-            try:
-                out.extend(os.read(fd, 4096))
-            except OSError:
-                break
-        return bytes(out)
-
-    try:
-        wait_for(lambda: read_terminal() and (work / "ready").exists(), 30, "child started")
-        os.write(fd, b"\x03")  # Ctrl-C
+    with Terminal(work, store, child) as t:
+        t.wait((work / "ready").exists, 30, "child started")
+        t.type(b"\x03")  # Ctrl-C
         # the wrapper logs the shutdown request after it would have forwarded the signal
-        wait_for(lambda: b"shutdown_requested" in read_terminal(), 10, "the wrapper's SIGINT")
-        wait_for(lambda: (work / "ints").exists(), 10, "SIGINT at the child")
+        t.wait(lambda: b"shutdown_requested" in t.out, 10, "the wrapper's SIGINT")
+        t.wait((work / "ints").exists, 10, "SIGINT at the child")
         (work / "done").write_text("1")  # the child checks it only after handling pending signals
-        done = 0
-
-        def exited():
-            nonlocal done
-            read_terminal()
-            done, _status = os.waitpid(pid, os.WNOHANG)
-            return done
-
-        wait_for(exited, 30, "the wrapper to exit")
+        t.wait(t.exited, 30, "the wrapper to exit")
         assert (work / "ints").read_text() == "int\n", "the child got Ctrl-C more than once"
-    finally:
-        try:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-        except (ProcessLookupError, ChildProcessError):
-            pass
-        os.close(fd)
 
 
 def test_ctrl_backslash_on_a_terminal_ends_the_child_not_the_wrapper(work):
     """Ctrl-\\ (SIGQUIT) reaches the whole foreground group; the wrapper ignores it, so it reports
     the child's death by SIGQUIT (131) after flushing, instead of dying with it unflushed."""
-    import pty
-    import select
-
-    from support import sidecar_cmd, sidecar_env
-
     work, store = work
     child = ("import os, time\n"
              "os.makedirs('.checkpoints/c', exist_ok=True)\n"
              "open('.checkpoints/c/a.json', 'w').write('a')\n"
              "open('ready', 'w').write('1')\n"
              "time.sleep(60)\n")
-    argv = sidecar_cmd("run", "--store", str(store), "--", sys.executable, "-c", child)
-    pid, fd = pty.fork()
-    if pid == 0:  # pragma: no cover - the forked child
-        os.chdir(work)
-        os.execvpe(argv[0], argv, sidecar_env())
-    out = bytearray()
-    status = None
-
-    def exited():
-        nonlocal status
-        while select.select([fd], [], [], 0)[0]:
-            try:
-                out.extend(os.read(fd, 4096))
-            except OSError:
-                break
-        done, st = os.waitpid(pid, os.WNOHANG)
-        if done:
-            status = st
-        return done
-
-    try:
-        wait_for(lambda: exited() or (work / "ready").exists(), 30, "child started")
-        os.write(fd, b"\x1c")  # Ctrl-\\
-        wait_for(exited, 30, "the wrapper to exit")
-        assert os.WIFEXITED(status), f"the wrapper itself died of a signal: {out.decode(errors='replace')[-1500:]}"
-        assert os.WEXITSTATUS(status) == 128 + signal.SIGQUIT
+    with Terminal(work, store, child) as t:
+        t.wait(lambda: t.exited() or (work / "ready").exists(), 30, "child started")
+        t.type(b"\x1c")  # Ctrl-\\
+        t.wait(t.exited, 30, "the wrapper to exit")
+        assert os.WIFEXITED(t.status), f"the wrapper itself died of a signal: {t.out.decode(errors='replace')[-1500:]}"
+        assert os.WEXITSTATUS(t.status) == 128 + signal.SIGQUIT
         assert store_tree(store) == {"c/a.json": b"a"}
-    finally:
-        try:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-        except (ProcessLookupError, ChildProcessError):
-            pass
-        os.close(fd)
