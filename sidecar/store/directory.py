@@ -20,6 +20,7 @@ mtime, and reconciliation rewrites it.
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -195,7 +196,23 @@ class DirectoryStore:
             _write_atomic(meta_path, json.dumps(record).encode())
             return ObjectInfo(key, meta.size, meta.sha256, meta.mtime_ns, meta.mode, str(written.st_mtime_ns))
 
+        if key.startswith(".sidecar/"):  # the owner marker, bundles: see _locked
+            return await self._run(lambda: self._locked(write))
         return await self._run(write)
+
+    def _locked(self, fn):
+        """``fn()`` under an exclusive ``flock`` on the store's lock file, so that two writers'
+        check-then-replace of the same object never interleave: two sidecars claiming the owner
+        marker at once would otherwise both pass the stamp check, and the lower stamp could land
+        last. (Across hosts this holds where the shared filesystem honours flock, as NFS does.)"""
+        lock_dir = os.path.join(self.top, META_DIR)
+        os.makedirs(lock_dir, exist_ok=True)
+        fd = os.open(os.path.join(lock_dir, ".sidecar-lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            return fn()
+        finally:
+            os.close(fd)  # releases the lock
 
     def _info(self, key: str, data_path: str, meta_path: str, st: os.stat_result) -> ObjectInfo:
         try:
