@@ -35,7 +35,9 @@ def _flag_map() -> list[tuple[str, str, dict[str, Any]]]:
         ("--layout", "layout", {"help": "agent-framework (default: .checkpoints,.function_approvals) or agentserver ($AGENTSERVER_STATE_ROOT)"}),
         ("--roots", "roots", {"help": "comma-separated trees to mirror (overrides --layout)"}),
         ("--commit", "commit", {"help": "per-file, snapshot (crash-consistent across files) or auto (snapshot for agentserver)"}),
-        ("--prefix", "prefix", {"help": "namespace inside the store (one per agent session)"}),
+        ("--prefix", "prefix", {"help": "namespace inside the store; may refer to variables: 'agents/{POD_NAME}'"}),
+        ("--session-namespace", "session_namespace",
+         {"help": "auto (default): each FOUNDRY_AGENT_SESSION_ID in <prefix>/<agent>/<session>; off: the prefix as written"}),
         ("--ignore", "ignore", {"help": "comma-separated basename globs never mirrored (default *.tmp,.sidecar-*)"}),
         ("--concurrency", "concurrency", {"type": int, "help": "store operations in flight (default 16)"}),
         ("--debounce-ms", "debounce_ms", {"type": int, "help": "watcher polling step while idle, ms (default 25; 2 while busy)"}),
@@ -200,18 +202,22 @@ def _open(settings: Settings):
     from sidecar.store import make_store
 
     try:
-        return make_store(settings.store, settings.prefix)
+        store = make_store(settings.store, settings.namespace.path)
     except ValueError as e:
         raise _StoreConfigError(str(e)) from None
+    return store
 
 
 async def _prepare(daemon, settings: Settings) -> int | None:
     """Restore by the rule; an exit code when the command must stop, None to go on."""
+    from sidecar.fence import IdentityConflict
     from sidecar.restorer import RestoreError
     from sidecar.store.base import StoreError
 
     try:
         await daemon.prepare()
+    except IdentityConflict as e:
+        return _fail(f"refusing to start: {e}", EXIT_CONFIG)
     except RestoreError as e:
         return _fail(f"restore failed: {e}")
     except StoreError as e:
@@ -230,6 +236,8 @@ async def _restore(settings: Settings, roots: list[Root]) -> int:
     try:
         daemon = Daemon(settings, roots, store)
         code = await _prepare(daemon, settings)  # reads only: the store is claimed by serve(), never here
+        if code is None:
+            await daemon.report_legacy_state()
         return EXIT_OK if code is None else code
     finally:
         await store.aclose()
@@ -347,7 +355,9 @@ async def _status(settings: Settings, roots: list[Root], as_json: bool) -> int:
     finally:
         await store.aclose()
     ignore = IgnoreRules(settings.ignore)
-    report: dict[str, Any] = {"store": store.description, "prefix": settings.prefix, "roots": {}, "in_sync": True}
+    ns = settings.namespace
+    report: dict[str, Any] = {"store": store.description, "prefix": ns.path, "identity": ns.identity,
+                              "roots": {}, "in_sync": True}
     for root in roots:
         local, _ = await anyio.to_thread.run_sync(scan_root, root, ignore)
         remote = {k: v for k, v in listing.objects.items() if k.split("/", 1)[0] == root.name}
@@ -364,7 +374,7 @@ async def _status(settings: Settings, roots: list[Root], as_json: bool) -> int:
     if as_json:
         print(json.dumps(report, indent=2))
     else:
-        print(f"store: {report['store']}" + (f" (prefix {settings.prefix})" if settings.prefix else ""))
+        print(f"store: {report['store']}" + (f" (namespace {ns.describe()})" if ns.path or ns.identity else ""))
         for name, r in report["roots"].items():
             print(f"{name} ({r['path']}): {r['in_sync']} in sync, {len(r['pending_upload'])} pending upload, "
                   f"{len(r['missing_locally'])} missing locally")

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any, Callable
 
+from sidecar.namespace import Namespace, NamespaceError, check_template, resolve
 from sidecar.paths import DEFAULT_IGNORE, Root, is_within, make_roots
 from sidecar.store import directory_of, store_kind
 
@@ -59,10 +60,7 @@ class ConfigError(ValueError):
 # -- checks beyond type and bounds (a ValueError's text becomes the problem line) ----------------
 
 def _check_prefix(v: str) -> str:
-    v = v.strip("/")
-    if v and any(p in ("", ".", "..") or "\\" in p for p in v.split("/")):
-        raise ValueError("must be a plain relative name like 'session-42' or 'team/session-42'")
-    return v
+    return check_template(v)  # NamespaceError is a ValueError: one line naming SIDECAR_PREFIX
 
 
 def _check_store(v: str) -> str:
@@ -89,7 +87,10 @@ class Settings:
     roots: list[str] = setting(list, "trees to mirror (overrides the layout)")
     commit: str = setting("auto", "per-file, or crash-consistent snapshots across files (auto: snapshot for agentserver)",
                           choices=("auto", "per-file", "snapshot"))
-    prefix: str = setting("", "namespace inside the store, e.g. one per agent session", check=_check_prefix)
+    prefix: str = setting("", "namespace inside the store; may refer to variables, e.g. 'agents/{POD_NAME}'",
+                          check=_check_prefix)
+    session_namespace: str = setting("auto", "auto: each platform session (FOUNDRY_AGENT_SESSION_ID) in "
+                                     "<prefix>/<agent>/<session>; off: the prefix as written", choices=("auto", "off"))
     ignore: list[str] = setting(lambda: list(DEFAULT_IGNORE), "basename globs never mirrored")
 
     restore: str = setting("auto", "restore rule before sync/run", choices=("auto", "skip", "force"))
@@ -105,6 +106,9 @@ class Settings:
     http_addr: str = setting(f"127.0.0.1:{DEFAULT_HTTP_PORT}", "host:port of /livez /readyz /metrics ('' to disable)")
     log_level: str = setting("info", "log level", choices=("debug", "info", "warning", "error"))
     log_format: str = setting("auto", "auto (json unless a terminal), json, text", choices=("auto", "json", "text"))
+
+    #: resolved by :func:`load` from ``prefix``, ``session_namespace`` and the environment
+    namespace: Namespace = field(default_factory=Namespace, metadata={"derived": True})
 
     # -- derived ---------------------------------------------------------------------------
     def root_list(self, cwd: str | None = None) -> list[Root]:
@@ -202,6 +206,8 @@ def _settings(overrides: dict[str, Any], env: dict[str, str], problems: list[str
     from_env = {k.upper(): v for k, v in env.items() if k.upper().startswith(ENV_PREFIX)}
     values: dict[str, Any] = {}
     for f in fields(Settings):
+        if f.metadata.get("derived"):
+            continue
         variable = ENV_PREFIX + f.name.upper()
         if overrides.get(f.name) is not None:
             raw = overrides[f.name]
@@ -223,7 +229,7 @@ def unknown_variables(env: dict[str, str] | None = None) -> list[str]:
     """``SIDECAR_*`` variables that name no setting (a typo such as ``SIDECAR_STOR``): ignored,
     and worth a warning."""
     env = os.environ if env is None else env
-    known = {ENV_PREFIX + f.name.upper() for f in fields(Settings)}
+    known = {ENV_PREFIX + f.name.upper() for f in fields(Settings) if not f.metadata.get("derived")}
     return sorted(k for k in env if k.upper().startswith(ENV_PREFIX) and k.upper() not in known)
 
 
@@ -234,9 +240,14 @@ def load(overrides: dict[str, object] | None = None, cwd: str | None = None,
     Raises :class:`ConfigError` listing every problem, one line each.
     """
     problems: list[str] = []
-    settings = _settings(overrides or {}, os.environ if env is None else env, problems)
+    env = os.environ if env is None else env
+    settings = _settings(overrides or {}, env, problems)
     if settings is None:
         raise ConfigError(problems)
+    try:
+        settings = replace(settings, namespace=resolve(settings.prefix, env, settings.session_namespace))
+    except NamespaceError as e:
+        problems.append(f"{e.variable}: {e}")
     roots: list[Root] = []
     try:
         roots = settings.root_list(cwd)

@@ -23,6 +23,7 @@ from anyio.abc import TaskStatus
 
 from sidecar import log, metrics
 from sidecar.config import Settings
+from sidecar.fence import check_identity
 from sidecar.localfs import LocalStat, below_root_without_links, restore_cut_short, scan_root
 from sidecar.paths import IgnoreRules, Root
 from sidecar.plan import plan_reconcile
@@ -46,6 +47,7 @@ class Health:
     restore: RestoreResult | None = None
     workers_alive: bool = False
     watcher_alive: bool = False
+    namespace: str = ""  # the resolved store namespace, as shown to operators ('' for the top)
 
     @property
     def ready(self) -> bool:
@@ -62,10 +64,13 @@ class Daemon:
         self.roots = roots
         self.store = store
         self.ignore = IgnoreRules(settings.ignore)
-        self.health = Health()
+        self.health = Health(namespace=settings.namespace.describe() if settings.namespace.path
+                             or settings.namespace.identity else "")
         self.listing: Listing | None = None
         #: roots that were empty at start and not restored: their stored copy must not be deleted
         self.protected: set[str] = set()
+        #: the store held nothing in this compute's namespace at start (None: not listed)
+        self.namespace_empty: bool | None = None
         #: roots still holding a cut-short restore (not restored again, e.g. ``--no-restore``): a
         #: fragment of the stored state, so their stored files are never deleted
         self.incomplete: set[str] = set()
@@ -95,10 +100,50 @@ class Daemon:
         self.health.set("restoring", "restoring state from the store")
         deadline = time.monotonic() + STARTUP_RETRY_SECONDS
         await retry_transient(self.store.open, "open", deadline)
+        ns = self.settings.namespace
+        log.info("store", store=self.store.description, namespace=ns.describe())
+        # another session's namespace is never restored from (nor, later, claimed)
+        await retry_transient(partial(check_identity, self.store, ns.identity, ns.path), "read the owner marker",
+                              deadline)
         self.listing, result = await restore(self.store, self.roots, mode=self.settings.restore,
                                              concurrency=self.settings.concurrency, deadline=deadline)
         self.health.restore = result
+        self.namespace_empty = not self.listing.objects and not self.listing.bundles and not self.listing.unsafe
         return result
+
+    async def report_legacy_state(self) -> None:
+        """When this compute's namespace is empty, look once where a release without namespaces
+        kept the state (the top of ``SIDECAR_PREFIX``) and say how to adopt what is there: state
+        must not be abandoned silently by an upgrade. Never fails the caller."""
+        ns = self.settings.namespace
+        if ns.legacy is None or not self.namespace_empty:
+            return
+        from sidecar.store import make_store
+
+        found: list[str] = []
+        try:
+            legacy = make_store(self.settings.store, ns.legacy)
+        except ValueError:
+            return
+        try:
+            await legacy.open()
+            for root in self.roots:
+                async for _info in legacy.list(root.name + "/"):
+                    found.append(root.name)
+                    break
+        except StoreError as e:
+            log.debug("legacy_state_check_failed", error=str(e))
+        finally:
+            with anyio.CancelScope(shield=True):
+                await legacy.aclose()
+        if found:
+            where = ns.legacy or "the top of the store"
+            log.warning(
+                "legacy_state_found", at=where, roots=",".join(found), namespace=ns.path,
+                detail=(f"state stored without a session namespace is at {where}, and this compute's namespace "
+                        f"{ns.path} is empty. If that state is this session's, restore it once explicitly: "
+                        f"SIDECAR_PREFIX='{ns.legacy}' SIDECAR_SESSION_NAMESPACE=off checkpoint-sidecar restore; "
+                        "sync then mirrors it into this namespace (docs/NAMESPACES.md)"))
 
     # -- phase 2: mirror ---------------------------------------------------------------------
     async def serve(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -116,7 +161,9 @@ class Daemon:
         async with anyio.create_task_group() as tg:
             from sidecar.fence import Fence  # claimed by the uploader before its first write
 
-            self.uploader.fence = Fence(self.store, self.settings.fence_window, self.settings.fence_margin)
+            ns = self.settings.namespace
+            self.uploader.fence = Fence(self.store, self.settings.fence_window, self.settings.fence_margin,
+                                        identity=ns.identity, namespace=ns.path)
             await tg.start(self.uploader.run)
             self.health.workers_alive = True
             await tg.start(partial(watch, debounce_ms=self.settings.debounce_ms),
@@ -126,6 +173,7 @@ class Daemon:
             tg.start_soon(self.uploader.drop_stale_bundles, self.kept_roots)
             tg.start_soon(self._reconcile_loop)
             tg.start_soon(self._watch_fence)
+            tg.start_soon(self.report_legacy_state)
             self.health.set("ready", "restored and mirroring")
             task_status.started()
 

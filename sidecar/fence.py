@@ -2,7 +2,7 @@
 never overwrite or delete the new one's files.
 
 The store holds an owner marker, ``.sidecar/owner``: ``{"generation": stamp, "owner": id,
-"heartbeat": unix time}``, written with ``mtime_ns = stamp`` so the stores' own stale-write protection
+"heartbeat": unix time, "identity": {variable: value}}``, written with ``mtime_ns = stamp`` so the stores' own stale-write protection
 refuses a marker with a lower stamp. A stamp is the generation in its high bits and 32 random bits
 below (:func:`next_stamp`): two sidecars that claim the same generation at the same moment never
 hold the same stamp, so the store keeps exactly one of them and the other is fenced at its next
@@ -17,6 +17,13 @@ reading a stamp claims ``stamp + 1``, which is above it. Protocol:
 * **before writing**, at most once per ``window`` seconds: re-write the marker with our generation
   and a fresh heartbeat. If the store refuses it (a higher generation is there), we are fenced:
   nothing more is written, and the work stays pending for the operator to see.
+
+* **identity**: the marker names the compute identity that owns the namespace (the session id, or
+  the values ``SIDECAR_PREFIX`` refers to; see :mod:`sidecar.namespace`). A sidecar of another
+  identity is refused before it restores (:func:`check_identity`) and, should two start at once
+  on an empty namespace, at its claim or its next proof: it never fences the owner's successors.
+  A marker without an identity (written by an older release, or with a fixed prefix) is taken
+  over by anyone, as before.
 
 A writer thus writes only within ``window`` seconds of proving it still owns the prefix, and a new
 owner waits ``window + margin`` after the old one's last proof before writing: time-based fencing
@@ -34,6 +41,7 @@ import uuid
 import anyio
 
 from sidecar import log
+from sidecar.namespace import describe_identity
 from sidecar.store.base import NotFound, ObjectMeta, Store
 
 OWNER_KEY = ".sidecar/owner"
@@ -43,6 +51,53 @@ class Fenced(Exception):
     """A newer sidecar owns this store prefix."""
 
 
+class IdentityConflict(Exception):
+    """The namespace belongs to another compute identity (one line: both identities, the fix)."""
+
+
+def conflict(marker: dict, identity: dict[str, str], namespace: str) -> str | None:
+    """Why a sidecar of ``identity`` must not use the namespace whose owner marker is ``marker``;
+    None when it may (same identity, or either side has none)."""
+    theirs = marker_identity(marker)
+    if not theirs or not identity or theirs == identity:
+        return None
+    return (f"the store namespace {namespace or '(top of the store)'!r} belongs to {describe_identity(theirs)}, "
+            f"and this sidecar is {describe_identity(identity)}: two sessions must not share a namespace. "
+            "Give each its own: leave SIDECAR_PREFIX without variables and SIDECAR_SESSION_NAMESPACE=auto "
+            "(one namespace per FOUNDRY_AGENT_SESSION_ID), or refer to a per-compute variable such as "
+            "{POD_NAME} in SIDECAR_PREFIX")
+
+
+def marker_identity(marker: dict) -> dict[str, str]:
+    """The identity an owner marker names; {} when none or malformed."""
+    value = marker.get("identity") if isinstance(marker, dict) else None
+    if not isinstance(value, dict) or len(value) > 16:
+        return {}
+    return {str(k)[:64]: str(v)[:128] for k, v in value.items()}
+
+
+async def read_marker(store: Store) -> dict:
+    """The owner marker's fields; {} when there is none or it is not a JSON object."""
+    try:
+        data, _ = await store.get(OWNER_KEY)
+        value = json.loads(data)
+    except NotFound:
+        return {}
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+async def check_identity(store: Store, identity: dict[str, str], namespace: str) -> None:
+    """Raise :class:`IdentityConflict` when the namespace's owner is of another identity. One read,
+    made only when this sidecar has an identity."""
+    if not identity:
+        return
+    why = conflict(await read_marker(store), identity, namespace)
+    if why:
+        raise IdentityConflict(why)
+
+
 def next_stamp(current: int) -> int:
     """A stamp above ``current``: the next generation in the high bits, random low bits (never all
     ones, so a test can hold a stamp no claim of this generation can beat)."""
@@ -50,8 +105,11 @@ def next_stamp(current: int) -> int:
 
 
 class Fence:
-    def __init__(self, store: Store, window: float = 2.0, margin: float = 8.0) -> None:
+    def __init__(self, store: Store, window: float = 2.0, margin: float = 8.0,
+                 identity: dict[str, str] | None = None, namespace: str = "") -> None:
         self.store = store
+        self.identity = dict(identity or {})
+        self.namespace = namespace
         self.window = window
         self.margin = margin
         self.owner = uuid.uuid4().hex
@@ -63,13 +121,13 @@ class Fence:
         self._claimed = anyio.Event()  # set when claim() has ended, claimed or fenced
 
     async def _read(self) -> dict:
-        try:
-            data, _ = await self.store.get(OWNER_KEY)
-            return json.loads(data)
-        except NotFound:
-            return {}
-        except ValueError:
-            return {}
+        return await read_marker(self.store)
+
+    def _body(self, stamp: int, heartbeat: float) -> bytes:
+        marker: dict = {"generation": stamp, "owner": self.owner, "heartbeat": heartbeat}
+        if self.identity:
+            marker["identity"] = self.identity
+        return json.dumps(marker).encode()
 
     @property
     def generation(self) -> int:
@@ -77,12 +135,18 @@ class Fence:
 
     async def _write(self, stamp: int) -> bool:
         """Write our marker; False when the store holds a higher stamp (we are fenced)."""
-        body = json.dumps({"generation": stamp, "owner": self.owner, "heartbeat": time.time()}).encode()
+        body = self._body(stamp, time.time())
         info = await self.store.put(OWNER_KEY, body, ObjectMeta.of(body, stamp, 0o600))
         return info.mtime_ns == stamp
 
     async def claim(self) -> None:
         current = await self._read()
+        why = conflict(current, self.identity, self.namespace)
+        if why:
+            self.fenced = why
+            self._claimed.set()
+            log.error("fenced", detail=why)
+            raise Fenced(why)
         previous = _number(current.get("generation"), int)
         stamp = next_stamp(previous)
         if not await self._write(stamp):
@@ -107,7 +171,7 @@ class Fence:
         Nothing is written unless our claim succeeded."""
         if self.fenced or not self.stamp:
             return
-        body = json.dumps({"generation": self.stamp, "owner": self.owner, "heartbeat": 0}).encode()
+        body = self._body(self.stamp, 0)
         await self.store.put(OWNER_KEY, body, ObjectMeta.of(body, self.stamp, 0o600))
 
     async def before_write(self) -> None:
@@ -128,10 +192,12 @@ class Fence:
                 return
             t = time.monotonic()
             if not await self._write(self.stamp):
-                theirs = _number((await self._read()).get("generation"), int) >> 32
+                marker = await self._read()
+                theirs = _number(marker.get("generation"), int) >> 32
                 who = (f"a newer sidecar (generation {theirs})" if theirs != self.generation else
                        f"another sidecar that claimed generation {theirs} at the same moment")
-                self.fenced = f"{who} owns this store prefix; this one (generation {self.generation}) stopped writing"
+                self.fenced = (conflict(marker, self.identity, self.namespace) or
+                               f"{who} owns this store prefix; this one (generation {self.generation}) stopped writing")
                 log.error("fenced", detail=self.fenced)
                 raise Fenced(self.fenced)
             self.valid_until = t + self.window

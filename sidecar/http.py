@@ -85,12 +85,13 @@ def readiness(health: "Health", degraded_seconds: float | None = None) -> tuple[
     probe), and neither restarting the sidecar nor taking the pod out of service fixes the store.
     Changes are kept, coalesced per path, and retried. The body says so, for people and probes that
     read it; alerts use ``checkpoint_sidecar_store_degraded``."""
+    where = f"; namespace {health.namespace}" if health.namespace else ""
     if health.ready:
         if degraded_seconds is not None:
-            return True, (f"ready: {health.reason}; store degraded for {int(degraded_seconds)}s: "
+            return True, (f"ready: {health.reason}{where}; store degraded for {int(degraded_seconds)}s: "
                           "store operations are failing and being retried, changes are kept")
-        return True, f"ready: {health.reason}"
-    return False, f"not ready: {health.reason}"
+        return True, f"ready: {health.reason}{where}"
+    return False, f"not ready: {health.reason}{where}"
 
 
 # -- server ---------------------------------------------------------------------------------------

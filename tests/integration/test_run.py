@@ -126,8 +126,8 @@ def test_signals_are_forwarded_and_the_last_write_flushed(work):
 def test_child_is_terminated_when_the_wrapper_dies(work):
     work, store = work
     sc = Sidecar(work, "run", "--store", str(store), "--", sys.executable, "-c", TRAP)
-    wait_for(lambda: (work / "ready").exists(), 15, "child started")
-    child = int((work / "ready").read_text())
+    child = int(wait_for(lambda: (work / "ready").exists() and (work / "ready").read_text().strip(), 15,
+                         "child started"))
     os.kill(sc.proc.pid, signal.SIGKILL)  # only the wrapper
     sc.proc.wait(5)
 
@@ -221,8 +221,8 @@ def test_a_stopped_child_still_ends_on_sigterm(work):
     SIGTERM pending for ever: SIGCONT follows it."""
     work, store = work
     sc = Sidecar(work, "run", "--store", str(store), "--", sys.executable, "-c", TRAP)
-    wait_for(lambda: (work / "ready").exists(), 15, "child started")
-    child = int((work / "ready").read_text())
+    child = int(wait_for(lambda: (work / "ready").exists() and (work / "ready").read_text().strip(), 15,
+                         "child started"))
     os.kill(child, signal.SIGSTOP)
 
     try:

@@ -1,0 +1,141 @@
+"""Store namespaces: where inside ``SIDECAR_STORE`` one session's state lives, and whose it is.
+
+Many computes run one image with one configuration (a Foundry hosted agent runs one compute per
+session; a StatefulSet one pod per replica). Each must keep its state apart, so the prefix every
+key is stored under (the *namespace*) is resolved per compute from its environment:
+
+* ``SIDECAR_PREFIX`` refers to variables, e.g. ``agents/{POD_NAME}``: the namespace is its
+  expansion, and the compute's *identity* is the referenced variables' values.
+* otherwise, when the platform names the session (``FOUNDRY_AGENT_SESSION_ID``, with
+  ``FOUNDRY_AGENT_NAME``) and ``SIDECAR_SESSION_NAMESPACE`` is ``auto``: the namespace is
+  ``<prefix>/<agent>/<session>`` (``_`` when the agent is unnamed), the identity the session id.
+* otherwise the namespace is the prefix as written; with ``SIDECAR_SESSION_NAMESPACE=off`` on a
+  platform that names sessions the identity is still the session id, else there is none.
+
+The owner marker records the identity (see :mod:`sidecar.fence`): a compute of another identity
+never restores from a namespace nor fences its owner. Every value is checked to be one plain name
+segment, so no value can reach another namespace (``/``, ``..``, a leading ``.``). Pure: the
+environment is passed in.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Mapping
+
+SESSION_VAR = "FOUNDRY_AGENT_SESSION_ID"
+AGENT_VAR = "FOUNDRY_AGENT_NAME"
+UNNAMED_AGENT = "_"
+#: The longest namespace, in bytes: the store's own limit on a whole name is 1,024.
+MAX_NAMESPACE_BYTES = 256
+MAX_SEGMENT = 128
+
+_REFERENCE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_SAFE_VALUE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._~=@+-]*$")
+_SAFE_TEXT = "letters, digits and . _ ~ = @ + -, not starting with '.'"
+
+
+class NamespaceError(ValueError):
+    """A prefix template or a variable it needs that cannot give a safe namespace (one line);
+    ``variable`` is the setting or platform variable to fix."""
+
+    def __init__(self, message: str, variable: str = "SIDECAR_PREFIX") -> None:
+        super().__init__(message)
+        self.variable = variable
+
+
+@dataclass(frozen=True)
+class Namespace:
+    """A resolved namespace: the store prefix, who owns it, and where older releases stored."""
+
+    path: str = ""  # the store's top when empty
+    identity: dict[str, str] = field(default_factory=dict)  # variable -> value; empty: none
+    #: where a release without session namespaces kept this state (its top-level prefix), when
+    #: that differs from ``path``; None when they are the same
+    legacy: str | None = None
+
+    def identity_text(self) -> str:
+        return describe_identity(self.identity)
+
+    def describe(self) -> str:
+        shown = self.path or "(top of the store)"
+        return f"{shown} ({self.identity_text()})" if self.identity else shown
+
+
+def describe_identity(identity: Mapping[str, str]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(identity.items())) or "no identity"
+
+
+def references(template: str) -> list[str]:
+    """The variables ``template`` refers to, in order; :class:`NamespaceError` for stray braces."""
+    names = []
+    pos = 0
+    for m in _REFERENCE.finditer(template):
+        _check_no_braces(template, pos, m.start())
+        names.append(m.group(1))
+        pos = m.end()
+    _check_no_braces(template, pos, len(template))
+    return names
+
+
+def _check_no_braces(template: str, start: int, end: int) -> None:
+    for i in range(start, end):
+        if template[i] in "{}":
+            raise NamespaceError(
+                f"stray {template[i]!r} at position {i + 1}: a reference is {{NAME}} "
+                "(letters, digits, _), not nested, and braces are allowed nowhere else")
+
+
+def check_template(template: str) -> str:
+    """``template`` with surrounding ``/`` removed, once its syntax and static parts are checked."""
+    template = template.strip().strip("/")
+    references(template)
+    static = _REFERENCE.sub("x", template)
+    if static and any(p in ("", ".", "..") or "\\" in p for p in static.split("/")):
+        raise NamespaceError("must be a plain relative name like 'session-42' or 'team/{POD_NAME}'")
+    if any(ord(c) < 0x20 or c == "\x7f" for c in static):
+        raise NamespaceError("must not contain control characters")
+    if len(template.encode("utf-8", "surrogateescape")) > MAX_NAMESPACE_BYTES:
+        raise NamespaceError(f"longer than {MAX_NAMESPACE_BYTES} bytes")
+    return template
+
+
+def _value(env: Mapping[str, str], name: str, referenced: bool = True) -> str:
+    value = env.get(name, "")
+    where = "SIDECAR_PREFIX" if referenced else name
+    if not value:
+        raise NamespaceError(f"refers to {{{name}}}, which is unset or empty: set it, or remove the reference")
+    if len(value) > MAX_SEGMENT or not _SAFE_VALUE.match(value):
+        shown = value[:40].encode("unicode_escape").decode("ascii")
+        raise NamespaceError(f"{name}={shown!r}{'...' if len(value) > 40 else ''} is not a safe name segment "
+                             f"({_SAFE_TEXT}; at most {MAX_SEGMENT} characters)", where)
+    return value
+
+
+def resolve(template: str, env: Mapping[str, str], session_namespace: str = "auto") -> Namespace:
+    """The namespace this compute uses, from the (checked) ``SIDECAR_PREFIX`` template, the
+    environment and ``SIDECAR_SESSION_NAMESPACE`` (``auto`` or ``off``)."""
+    template = check_template(template)
+    names = references(template)
+    if names:
+        values = {n: _value(env, n) for n in names}
+        path = _REFERENCE.sub(lambda m: values[m.group(1)], template)
+        head = template.split("{", 1)[0]
+        legacy = head.rsplit("/", 1)[0] if "/" in head else ""
+        return _checked(Namespace(path, values, legacy))
+    session = env.get(SESSION_VAR, "")
+    if not session:
+        return _checked(Namespace(template))
+    identity = {SESSION_VAR: _value(env, SESSION_VAR, referenced=False)}
+    if session_namespace == "off":
+        return _checked(Namespace(template, identity))
+    agent = _value(env, AGENT_VAR, referenced=False) if env.get(AGENT_VAR) else UNNAMED_AGENT
+    path = "/".join(p for p in (template, agent, identity[SESSION_VAR]) if p)
+    return _checked(Namespace(path, identity, template))
+
+
+def _checked(ns: Namespace) -> Namespace:
+    if len(ns.path.encode("utf-8", "surrogateescape")) > MAX_NAMESPACE_BYTES:
+        raise NamespaceError(f"the namespace {ns.path[:60]!r}... is longer than {MAX_NAMESPACE_BYTES} bytes")
+    return ns

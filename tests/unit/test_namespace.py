@@ -1,0 +1,96 @@
+"""Namespaces: templating, the session default, safe values, identities (pure)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sidecar.config import ConfigError, load
+from sidecar.fence import conflict, marker_identity
+from sidecar.namespace import Namespace, NamespaceError, references, resolve
+
+FOUNDRY = {"FOUNDRY_AGENT_NAME": "approvals", "FOUNDRY_AGENT_SESSION_ID": "sess-1"}
+
+
+def test_without_a_session_the_prefix_is_the_namespace_as_before():
+    assert resolve("", {}) == Namespace("")
+    assert resolve("team/a", {}) == Namespace("team/a")
+    assert resolve("/team/a/", {}).path == "team/a"
+
+
+def test_a_platform_session_gets_its_own_namespace_by_default():
+    ns = resolve("", FOUNDRY)
+    assert ns.path == "approvals/sess-1"
+    assert ns.identity == {"FOUNDRY_AGENT_SESSION_ID": "sess-1"}
+    assert ns.legacy == ""  # where a release without namespaces stored this state
+    assert resolve("prod", FOUNDRY).path == "prod/approvals/sess-1"
+    assert resolve("", {"FOUNDRY_AGENT_SESSION_ID": "s"}).path == "_/s"  # an unnamed agent
+
+
+def test_session_namespace_off_keeps_the_prefix_and_the_identity():
+    ns = resolve("shared", FOUNDRY, "off")
+    assert ns.path == "shared" and ns.identity == {"FOUNDRY_AGENT_SESSION_ID": "sess-1"} and ns.legacy is None
+
+
+def test_a_template_expands_variables_and_names_the_identity():
+    env = {"POD_NAME": "web-2", "REGION": "eu"}
+    ns = resolve("agents/{REGION}/pod-{POD_NAME}", env)
+    assert ns.path == "agents/eu/pod-web-2"
+    assert ns.identity == {"REGION": "eu", "POD_NAME": "web-2"}
+    assert ns.legacy == "agents"
+    # a template decides the layout, even where the platform names a session
+    assert resolve("{POD_NAME}", {**env, **FOUNDRY}).path == "web-2"
+    assert resolve("{FOUNDRY_AGENT_SESSION_ID}", FOUNDRY).identity == {"FOUNDRY_AGENT_SESSION_ID": "sess-1"}
+
+
+@pytest.mark.parametrize("env", [{}, {"POD_NAME": ""}])
+def test_an_unset_or_empty_variable_is_an_error_naming_it(env):
+    with pytest.raises(NamespaceError, match=r"\{POD_NAME\}, which is unset or empty"):
+        resolve("x/{POD_NAME}", env)
+
+
+@pytest.mark.parametrize("value", ["a/b", "..", ".hidden", "a b", "a\nb", "x" * 129, "a\\b", "%2e%2e", "é"])
+def test_an_unsafe_value_never_escapes_its_segment(value):
+    with pytest.raises(NamespaceError, match="not a safe name segment") as e:
+        resolve("{POD_NAME}", {"POD_NAME": value})
+    assert "\n" not in str(e.value)
+    with pytest.raises(NamespaceError, match="not a safe name segment") as e:
+        resolve("", {"FOUNDRY_AGENT_SESSION_ID": value})
+    assert e.value.variable == "FOUNDRY_AGENT_SESSION_ID"
+
+
+@pytest.mark.parametrize("template", ["{A{B}}", "{{A}}", "{A", "A}", "{}", "{1A}", "{A-B}", "a/{A}}"])
+def test_stray_or_nested_braces_are_refused(template):
+    with pytest.raises(NamespaceError, match="stray"):
+        references(template)
+
+
+@pytest.mark.parametrize("template", ["a//b", "../x", "a/./b", "a\\b", "x" * 300, "a\x01b"])
+def test_a_template_must_be_a_plain_relative_name(template):
+    with pytest.raises(NamespaceError):
+        resolve(template, {})
+
+
+def test_config_errors_are_one_line_naming_the_variable():
+    with pytest.raises(ConfigError) as e:
+        load({}, env={"SIDECAR_PREFIX": "a/{POD_NAME}"})
+    assert e.value.problems == [
+        "SIDECAR_PREFIX: refers to {POD_NAME}, which is unset or empty: set it, or remove the reference"]
+    with pytest.raises(ConfigError) as e:
+        load({}, env={"FOUNDRY_AGENT_SESSION_ID": "../x"})
+    assert len(e.value.problems) == 1 and e.value.problems[0].startswith("FOUNDRY_AGENT_SESSION_ID: ")
+    with pytest.raises(ConfigError) as e:
+        load({}, env={"SIDECAR_PREFIX": "{A{B}}"})
+    assert e.value.problems[0].startswith("SIDECAR_PREFIX: stray")
+    settings, _roots = load({}, env={"SIDECAR_PREFIX": "p/{POD_NAME}", "POD_NAME": "web-0"})
+    assert settings.namespace.path == "p/web-0"
+
+
+def test_identity_conflict_rules():
+    s1, s2 = {"FOUNDRY_AGENT_SESSION_ID": "s1"}, {"FOUNDRY_AGENT_SESSION_ID": "s2"}
+    assert conflict({"identity": s1}, s1, "ns") is None  # the same session's next compute
+    assert conflict({}, s2, "ns") is None  # nobody owns it yet
+    assert conflict({"generation": 5, "heartbeat": 1}, s2, "ns") is None  # a marker of an older release
+    assert conflict({"identity": s1}, {}, "ns") is None  # a fixed prefix, no identity: a successor
+    why = conflict({"identity": s1}, s2, "ns")
+    assert why and "FOUNDRY_AGENT_SESSION_ID=s1" in why and "FOUNDRY_AGENT_SESSION_ID=s2" in why and "\n" not in why
+    assert marker_identity({"identity": "junk"}) == {} and marker_identity([]) == {}  # type: ignore[arg-type]
