@@ -24,7 +24,7 @@ from anyio.abc import TaskStatus
 from sidecar import log, metrics
 from sidecar.config import Settings
 from sidecar.fence import check_identity
-from sidecar.localfs import LocalStat, below_root_without_links, restore_cut_short, scan_root
+from sidecar.localfs import LocalStat, below_root_without_links, has_regular_files, restore_cut_short, scan_root
 from sidecar.paths import IgnoreRules, Root
 from sidecar.plan import plan_reconcile
 from sidecar.restorer import Listing, RestoreResult, list_store, restore
@@ -112,12 +112,15 @@ class Daemon:
         return result
 
     async def report_legacy_state(self) -> None:
-        """When this compute's namespace is empty, look once where a release without namespaces
-        kept the state (the top of ``SIDECAR_PREFIX``) and say how to adopt what is there: state
-        must not be abandoned silently by an upgrade. Never fails the caller."""
+        """When this compute's namespace and its roots are empty, look once where a release
+        without namespaces kept the state (the top of ``SIDECAR_PREFIX``) and say how to adopt
+        what is there: state must not be abandoned silently by an upgrade. Never fails."""
         ns = self.settings.namespace
         if ns.legacy is None or not self.namespace_empty:
             return
+        empty = [r for r in self.roots if not await anyio.to_thread.run_sync(has_regular_files, r.path)]
+        if not empty:
+            return  # the host has its state (being adopted into this namespace, say)
         from sidecar.store import make_store
 
         found: list[str] = []
@@ -127,7 +130,7 @@ class Daemon:
             return
         try:
             await legacy.open()
-            for root in self.roots:
+            for root in empty:
                 async for _info in legacy.list(root.name + "/"):
                     found.append(root.name)
                     break
