@@ -290,6 +290,7 @@ class AgentHost:
             AGENT_OBSERVABILITY="0",
             PYTHONUNBUFFERED="1",
             PYTHONDONTWRITEBYTECODE="1",
+            APPLICATIONINSIGHTS_STATSBEAT_DISABLED_ALL="true",  # its exporter would reach a public endpoint
         )
         for key, value in (env or {}).items():
             if value is None:
