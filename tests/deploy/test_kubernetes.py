@@ -184,3 +184,41 @@ def test_variants_share_everything_else(native, legacy):
     }
     for kind in ("ServiceAccount", "ConfigMap"):
         assert one(native, kind) == one(legacy, kind)
+
+
+@pytest.fixture(scope="module")
+def statefulset(kustomize) -> list[dict]:
+    return kustomize(K8S_DIR / "statefulset")
+
+
+@pytest.mark.parametrize("version", NATIVE_VERSIONS)
+def test_statefulset_validates(statefulset, version):
+    validate_all(statefulset, version)
+
+
+def test_statefulset_gives_each_replica_its_own_namespace(statefulset, native):
+    """N replicas of one pod template: each pod's namespace comes from its name (downward API),
+    expanded by the sidecar, and is stable when the pod is recreated."""
+    from sidecar.namespace import resolve
+
+    assert not [d for d in statefulset if d["kind"] == "Deployment"]
+    sts, service = one(statefulset, "StatefulSet"), one(statefulset, "Service")
+    assert sts["spec"]["replicas"] > 1 and sts["spec"]["serviceName"] == service["metadata"]["name"]
+    assert service["spec"]["clusterIP"] == "None"
+    pod = sts["spec"]["template"]["spec"]
+    sidecar = by_name(pod["initContainers"], "checkpoint-sidecar")
+    pod_name = [e for e in sidecar["env"] if e["name"] == "POD_NAME"]
+    assert pod_name == [{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]
+    prefix = one(statefulset, "ConfigMap")["data"]["SIDECAR_PREFIX"]
+    assert "{POD_NAME}" in prefix
+    names = {resolve(prefix, {"POD_NAME": f"{sts['metadata']['name']}-{n}"}).path for n in range(3)}
+    assert len(names) == 3
+    # the same pod as the single-replica Deployment, but for POD_NAME
+    deployment_pod = one(native, "Deployment")["spec"]["template"]
+    template = sts["spec"]["template"]
+    # the generated ConfigMaps differ in SIDECAR_PREFIX, and so in their names' hash
+    deployment_sidecar = by_name(deployment_pod["spec"]["initContainers"], "checkpoint-sidecar")
+    stripped = dict(sidecar, env=[e for e in sidecar["env"] if e["name"] != "POD_NAME"],
+                    envFrom=deployment_sidecar["envFrom"])
+    assert dict(template, spec=dict(pod, initContainers=[stripped, *pod["initContainers"][1:]])) == deployment_pod
+    check_sidecar_env_and_mounts(sidecar, by_name(pod["containers"], "agent"), pod, one(statefulset, "ConfigMap"))
