@@ -46,6 +46,7 @@ def _flag_map() -> list[tuple[str, str, dict[str, Any]]]:
         ("--drain-timeout", "drain_timeout", {"type": float, "help": "seconds to flush on shutdown (default 20)"}),
         ("--fence-window", "fence_window", {"type": float, "help": "seconds a proof of store ownership is trusted (default 2)"}),
         ("--fence-margin", "fence_margin", {"type": float, "help": "extra wait after a recently active predecessor, seconds (default 8)"}),
+        ("--restore-corrupt", "restore_corrupt", {"help": "fail (default) or skip: a corrupt stored object is left out and reported"}),
         ("--max-file-size", "max_file_size", {"type": int, "help": "bytes; larger files are not mirrored"}),
         ("--http-addr", "http_addr", {"help": "host:port for /livez /readyz /metrics ('' disables)"}),
         ("--log-level", "log_level", {"help": "debug, info, warning, error"}),
@@ -340,50 +341,19 @@ async def _run(settings: Settings, roots: list[Root], cmd: list[str], shutdown: 
 
 
 async def _status(settings: Settings, roots: list[Root], as_json: bool) -> int:
-    from sidecar.localfs import scan_root
-    from sidecar.paths import IgnoreRules
-    from sidecar.plan import plan_status
-    from sidecar.restorer import list_store
+    from sidecar import status
     from sidecar.store.base import StoreError
 
     store = _open(settings)
     try:
-        await store.open()
-        listing = await list_store(store, roots)
+        rep = await status.report(settings, roots, store)
     except StoreError as e:
         return _fail(f"cannot reach the store: {e}")
     finally:
         await store.aclose()
-    ignore = IgnoreRules(settings.ignore)
     ns = settings.namespace
-    report: dict[str, Any] = {"store": store.description, "prefix": ns.path, "identity": ns.identity,
-                              "roots": {}, "in_sync": True}
-    for root in roots:
-        local, _ = await anyio.to_thread.run_sync(scan_root, root, ignore)
-        remote = {k: v for k, v in listing.objects.items() if k.split("/", 1)[0] == root.name}
-        s = plan_status(local, remote)
-        report["roots"][root.name] = {
-            "path": root.path,
-            "in_sync": len(s.in_sync),
-            "pending_upload": s.pending_upload,
-            "missing_locally": s.missing_locally,
-        }
-        report["in_sync"] &= s.ok
-    if listing.unsafe:
-        report["unsafe_stored_names"] = [k for k, _ in listing.unsafe]
-    if as_json:
-        print(json.dumps(report, indent=2))
-    else:
-        print(f"store: {report['store']}" + (f" (namespace {ns.describe()})" if ns.path or ns.identity else ""))
-        for name, r in report["roots"].items():
-            print(f"{name} ({r['path']}): {r['in_sync']} in sync, {len(r['pending_upload'])} pending upload, "
-                  f"{len(r['missing_locally'])} missing locally")
-            for k in r["pending_upload"][:10]:
-                print(f"  pending upload   {k}")
-            for k in r["missing_locally"][:10]:
-                print(f"  missing locally  {k}")
-        print("in sync" if report["in_sync"] else "NOT in sync")
-    return EXIT_OK if report["in_sync"] else 1
+    print(json.dumps(rep, indent=2) if as_json else status.render(rep, ns.describe() if ns.path or ns.identity else ""))
+    return EXIT_OK if rep["in_sync"] else 1
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -95,6 +95,8 @@ class Settings:
 
     restore: str = setting("auto", "restore rule before sync/run", choices=("auto", "skip", "force"))
     restore_optional: bool = setting(False, "start even when the store cannot be reached")
+    restore_corrupt: str = setting("fail", "a stored object whose bytes fail their sha256: fail the restore, or skip it "
+                                   "(left out, reported, kept in the store)", choices=("fail", "skip"))
     concurrency: int = setting(16, "uploads/downloads in flight", ge=1, le=256)
     debounce_ms: int = setting(25, "watcher polling step while idle (ms): first-write latency vs idle CPU", ge=2, le=1000)
     reconcile_interval: float = setting(120.0, "seconds between local rescans (0: off)", ge=0)

@@ -10,10 +10,8 @@ Data flow (top-down)::
 
 from __future__ import annotations
 
-import os
-import stat
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property, partial
 from typing import TYPE_CHECKING
 
@@ -24,7 +22,8 @@ from anyio.abc import TaskStatus
 from sidecar import log, metrics
 from sidecar.config import Settings
 from sidecar.fence import check_identity
-from sidecar.localfs import LocalStat, below_root_without_links, has_regular_files, restore_cut_short, scan_root
+from sidecar.localfs import (Gaps, LocalStat, absent, below_root_without_links, has_regular_files, restore_cut_short,
+                             scan_root)
 from sidecar.paths import IgnoreRules, Root
 from sidecar.plan import plan_reconcile
 from sidecar.restorer import Listing, RestoreResult, list_store, restore
@@ -48,10 +47,19 @@ class Health:
     workers_alive: bool = False
     watcher_alive: bool = False
     namespace: str = ""  # the resolved store namespace, as shown to operators ('' for the top)
+    #: roots the sidecar cannot read (name -> why): not ready while any
+    unreadable_roots: dict[str, str] = field(default_factory=dict)
 
     @property
     def ready(self) -> bool:
-        return self.phase == "ready"
+        return self.phase == "ready" and not self.unreadable_roots
+
+    @property
+    def not_ready_because(self) -> str:
+        """Why the sidecar is not ready (its phase's reason, or what it cannot read)."""
+        if self.phase == "ready" and self.unreadable_roots:
+            return "; ".join(self.unreadable_roots.values()) + " (nothing of it is mirrored: run the sidecar as the host's user)"
+        return self.reason
 
     def set(self, phase: str, reason: str) -> None:
         self.phase, self.reason = phase, reason
@@ -69,6 +77,10 @@ class Daemon:
         self.listing: Listing | None = None
         #: roots that were empty at start and not restored: their stored copy must not be deleted
         self.protected: set[str] = set()
+        #: stored keys never deleted: refused or quarantined by the restore (never placed on disk)
+        self.kept_keys: set[str] = set()
+        #: what the last scan of each root could not see or cannot store
+        self.gaps: dict[str, Gaps] = {}
         #: the store held nothing in this compute's namespace at start (None: not listed)
         self.namespace_empty: bool | None = None
         #: roots still holding a cut-short restore (not restored again, e.g. ``--no-restore``): a
@@ -106,8 +118,10 @@ class Daemon:
         await retry_transient(partial(check_identity, self.store, ns.identity, ns.path), "read the owner marker",
                               deadline)
         self.listing, result = await restore(self.store, self.roots, mode=self.settings.restore,
-                                             concurrency=self.settings.concurrency, deadline=deadline)
+                                             concurrency=self.settings.concurrency, deadline=deadline,
+                                             on_corrupt=self.settings.restore_corrupt)
         self.health.restore = result
+        self.kept_keys |= set(result.refused) | set(result.quarantined)
         self.namespace_empty = not self.listing.objects and not self.listing.bundles and not self.listing.unsafe
         return result
 
@@ -199,8 +213,12 @@ class Daemon:
         # missing from it (its directory was passed already) and must not be deleted for that
         known_before = set(self.uploader.remote) if remote is None else None
         local: dict[str, LocalStat] = {}
+        gaps = Gaps()
         for root in roots:
-            files, _links = await anyio.to_thread.run_sync(scan_root, root, self.ignore)
+            root_gaps = Gaps()
+            files, _links = await anyio.to_thread.run_sync(scan_root, root, self.ignore, root_gaps)
+            self._note_gaps(root, root_gaps)
+            gaps.merge(root_gaps)
             local.update(files)
             if files:
                 self.protected.discard(root.name)
@@ -215,7 +233,8 @@ class Daemon:
         known = self.uploader.remote if remote is None else remote
         known = {k: v for k, v in known.items() if k.split("/", 1)[0] in names}
         busy = self.uploader.pending_keys()
-        plan = plan_reconcile(local, known, self.kept_roots)
+        self.kept_keys -= local.keys()  # a file of the host's own is there now: mirrored as usual
+        plan = plan_reconcile(local, known, self.kept_roots, self.kept_keys, gaps)
         upload = [k for k in plan.upload if k not in busy and not self.uploader.still_skipped(k, local[k])]
         delete = [k for k in plan.delete if k not in busy and (known_before is None or k in known_before)]
         if delete:
@@ -245,6 +264,25 @@ class Daemon:
             log.info("reconcile_start", upload=len(upload), delete=len(delete), in_sync=plan.in_sync,
                      protected=",".join(sorted(self.kept_roots)) or "-")
         return fixes
+
+    def _note_gaps(self, root: Root, gaps: Gaps) -> None:
+        """Say once what a scan cannot see or store (and when it can again); a root that cannot
+        be read makes the sidecar unready: nothing of it would be mirrored."""
+        seen = self.gaps.get(root.name, Gaps())
+        for d, why in gaps.unreadable.items():
+            if d not in seen.unreadable:
+                log.error("directory_unreadable", path=d, error=why,
+                          detail="its stored files are kept, and nothing below it is mirrored until it can be read "
+                                 "(run the sidecar as the host's user, or fix the permissions)")
+        for d in seen.unreadable.keys() - gaps.unreadable.keys():
+            log.info("directory_readable_again", path=d)
+        for key in set(gaps.unstorable) - set(seen.unstorable):
+            log.error("file_unstorable", path=key, detail="its path is longer than a store name may be: never mirrored")
+        self.gaps[root.name] = gaps
+        if root.name in gaps.unreadable:
+            self.health.unreadable_roots[root.name] = f"cannot read {root.path}: {gaps.unreadable[root.name]}"
+        else:
+            self.health.unreadable_roots.pop(root.name, None)
 
     async def _reconcile_loop(self) -> None:
         s = self.settings
@@ -311,11 +349,6 @@ def _not_on_disk(keys: list[str], roots_by_name: dict[str, Root], ignore: Ignore
     for key in keys:
         name, _, rel = key.partition("/")
         root = roots_by_name.get(name)
-        try:
-            present = (root is not None and not ignore.ignored(rel) and below_root_without_links(root, rel)
-                       and stat.S_ISREG(os.lstat(os.path.join(root.path, rel)).st_mode))
-        except OSError:
-            present = False
-        if not present:
+        if root is None or ignore.ignored(rel) or not below_root_without_links(root, rel) or absent(root, rel):
             out.append(key)
     return out

@@ -91,7 +91,7 @@ def readiness(health: "Health", degraded_seconds: float | None = None) -> tuple[
             return True, (f"ready: {health.reason}{where}; store degraded for {int(degraded_seconds)}s: "
                           "store operations are failing and being retried, changes are kept")
         return True, f"ready: {health.reason}{where}"
-    return False, f"not ready: {health.reason}{where}"
+    return False, f"not ready: {health.not_ready_because}{where}"
 
 
 # -- server ---------------------------------------------------------------------------------------

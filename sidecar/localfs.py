@@ -9,7 +9,7 @@ import hashlib
 import os
 import secrets
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sidecar.paths import MAX_KEY_BYTES, RESTORE_MARKER, RESTORE_TMP_PREFIX, IgnoreRules, Root
 from sidecar.store.base import ObjectMeta
@@ -24,6 +24,35 @@ class LocalStat:
     ctime_ns: int = 0
 
 
+@dataclass
+class Gaps:
+    """What a scan could not see, or sees but cannot mirror. What cannot be read is never taken
+    for deleted: stored keys below an unreadable directory are kept (:meth:`covers`)."""
+
+    unreadable: dict[str, str] = field(default_factory=dict)  # directory key (or a root's name) -> why
+    unstorable: list[str] = field(default_factory=list)  # files whose key is longer than a store allows
+
+    def covers(self, key: str) -> bool:
+        """``key`` lies in (or is) a directory the scan could not read."""
+        return any(key == d or key.startswith(d + "/") for d in self.unreadable)
+
+    def merge(self, other: "Gaps") -> None:
+        self.unreadable.update(other.unreadable)
+        self.unstorable.extend(other.unstorable)
+
+
+def absent(root: Root, rel: str) -> bool:
+    """No regular file is at ``rel`` under ``root`` for sure: nothing there, or a non-file (a
+    symlink, a directory). An error other than 'not found' (a parent unreadable, I/O) is not
+    absence: such a file may be there, and its stored copy must be kept."""
+    try:
+        return not stat.S_ISREG(os.lstat(os.path.join(root.path, rel)).st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        return True
+    except OSError:
+        return False
+
+
 class Vanished(Exception):
     """The file is gone (or is no longer a regular file)."""
 
@@ -36,9 +65,11 @@ class TooLarge(Exception):
     pass
 
 
-def scan_root(root: Root, ignore: IgnoreRules) -> tuple[dict[str, LocalStat], list[str]]:
+def scan_root(root: Root, ignore: IgnoreRules, gaps: Gaps | None = None) -> tuple[dict[str, LocalStat], list[str]]:
     """Regular files under ``root`` by key (symlinks and ignored names skipped), and the skipped
-    symlinks' keys. A missing root is empty."""
+    symlinks' keys. A missing root is empty. Directories that cannot be read (permissions, I/O
+    errors) and files that cannot be stored are recorded in ``gaps``."""
+    gaps = Gaps() if gaps is None else gaps
     files: dict[str, LocalStat] = {}
     links: list[str] = []
     ignored = ignore.ignored
@@ -47,7 +78,10 @@ def scan_root(root: Root, ignore: IgnoreRules) -> tuple[dict[str, LocalStat], li
         rel_dir, abs_dir = stack.pop()
         try:
             it = os.scandir(abs_dir)
-        except (FileNotFoundError, NotADirectoryError, PermissionError):
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except OSError as e:
+            gaps.unreadable[rel_dir] = e.strerror or type(e).__name__
             continue
         with it:
             for entry in it:
@@ -63,13 +97,17 @@ def scan_root(root: Root, ignore: IgnoreRules) -> tuple[dict[str, LocalStat], li
                         stack.append((key, entry.path))
                     elif entry.is_file(follow_symlinks=False) and not ignored(entry.name):
                         if len(key) > MAX_KEY_BYTES and len(key.encode("utf-8", "surrogateescape")) > MAX_KEY_BYTES:
-                            continue  # cannot be stored (the uploader logs it when it sees the event)
+                            gaps.unstorable.append(key)
+                            continue
                         st = entry.stat(follow_symlinks=False)
                         files[key] = LocalStat(
                             st.st_size, st.st_mtime_ns, st.st_mode & 0o7777, st.st_ino, st.st_ctime_ns
                         )
                 except FileNotFoundError:
                     continue  # vanished mid-scan
+                except OSError as e:  # listed but not stat-able (a directory without x permission)
+                    gaps.unreadable[rel_dir] = e.strerror or type(e).__name__
+                    continue
     return files, links
 
 

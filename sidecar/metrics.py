@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 _P = "checkpoint_sidecar_"
-_early = {"files": 0, "bytes": 0, "seconds": None}
+_early: dict[str, Any] = {"files": 0, "bytes": 0, "seconds": None, "quarantined": 0}
 
 
 def _build() -> dict[str, Any]:
@@ -48,7 +48,10 @@ def _build() -> dict[str, Any]:
         "RESTORE_SECONDS": Gauge(_P + "restore_duration_seconds", "Duration of the last restore", **r),
         "RESTORED_FILES": Counter(_P + "restored_files", "Files restored from the store", **r),
         "RESTORED_BYTES": Counter(_P + "restored_bytes", "Bytes restored from the store", **r),
+        "QUARANTINED": Counter(_P + "restore_quarantined_objects", "Corrupt stored objects left out of a restore "
+                               "(SIDECAR_RESTORE_CORRUPT=skip); kept in the store, never deleted", **r),
     }
+    m["QUARANTINED"].inc(_early["quarantined"])
     m["RESTORED_FILES"].inc(_early["files"])
     m["RESTORED_BYTES"].inc(_early["bytes"])
     if _early["seconds"] is not None:
@@ -79,6 +82,14 @@ def restored(nbytes: int) -> None:
     else:
         _early["files"] += 1
         _early["bytes"] += nbytes
+
+
+def quarantined() -> None:
+    """One corrupt object left out of the restore (counted now, or when the registry is built)."""
+    if loaded():
+        __getattr__("QUARANTINED").inc()
+    else:
+        _early["quarantined"] += 1
 
 
 def restore_finished(seconds: float) -> None:

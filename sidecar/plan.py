@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sidecar.localfs import LocalStat
+from sidecar.localfs import Gaps, LocalStat
 from sidecar.store.base import ObjectInfo
 
 
@@ -22,11 +22,15 @@ def plan_reconcile(
     local: dict[str, LocalStat],
     remote: dict[str, ObjectInfo],
     protected_roots: set[str] = frozenset(),  # type: ignore[assignment]
+    keep: set[str] = frozenset(),  # type: ignore[assignment]
+    gaps: Gaps | None = None,
 ) -> ReconcilePlan:
     """Make the store match the disk. A file counts as in sync when the store recorded the same
     size and mtime (the content hash is checked when the file is read for upload, so a touched but
-    unchanged file costs a read, not a write). Keys under a root in ``protected_roots`` are never
-    deleted: a root with no files that restore did not fill must not empty the store."""
+    unchanged file costs a read, not a write). Never deleted, since the disk does not say the host
+    deleted them: keys under a root in ``protected_roots`` (a root with no files that restore did
+    not fill must not empty the store), keys in ``keep`` (refused or quarantined at restore: never
+    placed on disk), and keys the scan could not see (``gaps``: an unreadable directory)."""
     plan = ReconcilePlan()
     for key in sorted(local):
         st = local[key]
@@ -36,7 +40,8 @@ def plan_reconcile(
         else:
             plan.in_sync += 1
     for key in sorted(remote):
-        if key not in local and key.split("/", 1)[0] not in protected_roots:
+        if (key not in local and key.split("/", 1)[0] not in protected_roots and key not in keep
+                and not (gaps is not None and gaps.covers(key))):
             plan.delete.append(key)
     return plan
 
@@ -85,15 +90,18 @@ class Status:
     in_sync: list[str] = field(default_factory=list)
     pending_upload: list[str] = field(default_factory=list)  # on disk, not (or stale) in the store
     missing_locally: list[str] = field(default_factory=list)  # in the store, not on disk
+    unreadable: list[str] = field(default_factory=list)  # directories the sidecar cannot read
+    unstorable: list[str] = field(default_factory=list)  # files a store cannot hold (name too long)
 
     @property
     def ok(self) -> bool:
-        return not self.pending_upload and not self.missing_locally
+        return not (self.pending_upload or self.missing_locally or self.unreadable or self.unstorable)
 
 
-def plan_status(local: dict[str, LocalStat], remote: dict[str, ObjectInfo]) -> Status:
-    plan = plan_reconcile(local, remote)
-    s = Status(pending_upload=plan.upload, missing_locally=plan.delete)
+def plan_status(local: dict[str, LocalStat], remote: dict[str, ObjectInfo], gaps: Gaps | None = None) -> Status:
+    plan = plan_reconcile(local, remote, gaps=gaps)
+    s = Status(pending_upload=plan.upload, missing_locally=plan.delete,
+               unreadable=sorted(gaps.unreadable) if gaps else [], unstorable=sorted(gaps.unstorable) if gaps else [])
     pending = set(plan.upload)
     s.in_sync = sorted(k for k in local if k not in pending)
     return s

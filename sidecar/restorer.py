@@ -126,6 +126,7 @@ class RestoreResult:
     bytes: int = 0
     seconds: float = 0.0
     refused: list[str] = field(default_factory=list)
+    quarantined: list[str] = field(default_factory=list)  # corrupt objects left out (on_corrupt="skip")
     unverified: int = 0
     generated_names: set[str] = field(default_factory=set)
 
@@ -192,8 +193,10 @@ class _Restore:
     while ``concurrency`` workers download, verify and place them, so the first files land while
     the listing is still being fetched and parsed."""
 
-    def __init__(self, store: Store, roots: list[Root], candidates: dict[str, Root], result: RestoreResult) -> None:
+    def __init__(self, store: Store, roots: list[Root], candidates: dict[str, Root], result: RestoreResult,
+                 on_corrupt: str = "fail") -> None:
         self.store = store
+        self.on_corrupt = on_corrupt  # "fail": a corrupt object fails the restore; "skip": quarantined
         self.by_name = {r.name: r for r in roots}
         self.candidates = candidates  # roots the disk lets us fill, if anything is stored
         self.result = result
@@ -318,7 +321,16 @@ class _Restore:
                                        f"of {self.progress.total_files} files restored; no partial file left)") from None
                 raise RestoreError(f"cannot write {info.key} into {root.path}: {e.strerror}") from None
         else:
-            raise RestoreError(f"{info.key}: stored bytes do not match their sha256 (corrupt object in {self.store.description})")
+            if self.on_corrupt != "skip":
+                raise RestoreError(f"{info.key}: stored bytes do not match their sha256 (corrupt object in "
+                                   f"{self.store.description}); SIDECAR_RESTORE_CORRUPT=skip starts without it")
+            log.error("restore_corrupt_object_quarantined", path=info.key,
+                      detail="stored bytes do not match their sha256: not restored, kept in the store untouched "
+                             "(never deleted) until the host writes that file again")
+            self.result.quarantined.append(info.key)
+            self.progress.forget(info.size)
+            metrics.quarantined()
+            return
         if info.key.startswith(".checkpoints/") or info.key.endswith(".json"):
             name = generated_name(data)
             if name:
@@ -348,10 +360,13 @@ async def restore(
     mode: str = "auto",
     concurrency: int = 16,
     deadline: float = 0.0,
+    on_corrupt: str = "fail",
 ) -> tuple[Listing, RestoreResult]:
     """Restore by the rule (:func:`sidecar.plan.decide_restore`) while the store is listed; the
     listing (the store's content, for mirroring) and what was restored. A listing or bundle read
-    that fails transiently is retried until ``deadline`` (monotonic; by default not at all)."""
+    that fails transiently is retried until ``deadline`` (monotonic; by default not at all). An
+    object whose bytes do not match their recorded sha256 fails the restore (``on_corrupt="fail"``)
+    or is left out and reported in ``RestoreResult.quarantined`` (``"skip"``)."""
     t0 = time.monotonic()
     result = RestoreResult()
     # Which roots may be filled depends on the disk alone; whether anything is stored for them
@@ -366,7 +381,7 @@ async def restore(
             candidates[root.name] = root
             await anyio.to_thread.run_sync(remove_stale_restore_temps, root)
 
-    run = _Restore(store, roots, candidates, result)
+    run = _Restore(store, roots, candidates, result, on_corrupt)
     try:
         async with anyio.create_task_group() as flushing:
             flushing.start_soon(_flush_as_it_fills, run.progress, run.started)
@@ -427,7 +442,7 @@ async def restore(
             ),
         )
     log.info("restore_done", files=result.files, bytes=result.bytes, seconds=round(result.seconds, 3),
-             refused=len(result.refused), unverified=result.unverified)
+             refused=len(result.refused), quarantined=len(result.quarantined), unverified=result.unverified)
     return run.listing, result
 
 

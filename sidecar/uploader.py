@@ -19,7 +19,8 @@ import anyio.to_thread
 from anyio.abc import TaskStatus
 
 from sidecar import log, metrics
-from sidecar.localfs import release_free_memory, TooLarge, Unstable, Vanished, below_root_without_links, read_stable, scan_root
+from sidecar.localfs import (TooLarge, Unstable, Vanished, absent, below_root_without_links, read_stable,
+                             release_free_memory, scan_root)
 from sidecar.paths import IgnoreRules, Root, UnsafeKey, locate, make_key, split_key
 from sidecar.queue import DELETE, UPLOAD, Op, PendingSet
 from sidecar.retry import backoff
@@ -431,8 +432,8 @@ class Uploader:
                     except (Vanished, Unstable):
                         return None
                     changes.append(Change(key, data, meta))
-                elif key in self.remote:
-                    changes.append(Change(key, None, None))
+                elif key in self.remote and absent(root, key.split("/", 1)[1]):
+                    changes.append(Change(key, None, None))  # gone for sure: not merely unreadable
             after, _ = scan_root(root, self.ignore)
             return changes if after == before else None
 

@@ -129,12 +129,13 @@ def sidecar_cmd(*args: str) -> list[str]:
 class Sidecar:
     """``checkpoint-sidecar sync`` (or run) as a real process, its JSON log captured to a file."""
 
-    def __init__(self, cwd: Path, *args: str, env: dict[str, str] | None = None, log: Path | None = None):
+    def __init__(self, cwd: Path, *args: str, env: dict[str, str] | None = None, log: Path | None = None,
+                 wrap: list[str] | tuple[str, ...] = ()):
         self.cwd = Path(cwd)
         self.log_path = log or self.cwd.parent / f"sidecar-{time.monotonic_ns()}.log"
         self.logf = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
-            sidecar_cmd(*args), cwd=cwd, env=env or sidecar_env(), stdout=self.logf, stderr=subprocess.STDOUT,
+            [*wrap, *sidecar_cmd(*args)], cwd=cwd, env=env or sidecar_env(), stdout=self.logf, stderr=subprocess.STDOUT,
             start_new_session=True,
         )
 
@@ -175,6 +176,12 @@ class Sidecar:
         self.logf.close()
 
 
-def run_cli(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run(sidecar_cmd(*args), cwd=cwd, env=env or sidecar_env(), capture_output=True, text=True,
+#: Runs a command as root without the capabilities that bypass file permissions, so that a
+#: ``chmod 000`` directory is as unreadable to the sidecar as another user's would be.
+WITHOUT_DAC = ("setpriv", "--bounding-set=-dac_override,-dac_read_search")
+
+
+def run_cli(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 60,
+            wrap: list[str] | tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    return subprocess.run([*wrap, *sidecar_cmd(*args)], cwd=cwd, env=env or sidecar_env(), capture_output=True, text=True,
                           timeout=timeout)

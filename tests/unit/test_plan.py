@@ -47,3 +47,28 @@ def test_status():
                     {"r/a": info("r/a"), "r/old": info("r/old")})
     assert s.in_sync == ["r/a"] and s.pending_upload == ["r/new"] and s.missing_locally == ["r/old"]
     assert not s.ok
+
+
+def test_reconcile_never_deletes_what_it_could_not_see_or_place():
+    from sidecar.localfs import Gaps
+    from sidecar.plan import plan_reconcile
+    from sidecar.store.base import ObjectInfo
+
+    def info(key):
+        return ObjectInfo(key, 1, "ab", 1, 0o600)
+
+    remote = {k: info(k) for k in (".c/a.json", ".c/sub/x.json", ".c/subway.json", ".c/gone.json", ".d/y.json")}
+    gaps = Gaps(unreadable={".c/sub": "Permission denied"})
+    plan = plan_reconcile({}, remote, protected_roots={".d"}, keep={".c/a.json"}, gaps=gaps)
+    # refused at restore (keep), below an unreadable directory (gaps), a protected root: kept
+    assert plan.delete == [".c/gone.json", ".c/subway.json"]
+    assert Gaps(unreadable={".c": "EIO"}).covers(".c/anything") and not gaps.covers(".c/subway.json")
+
+
+def test_status_is_not_in_sync_with_gaps():
+    from sidecar.localfs import Gaps
+    from sidecar.plan import plan_status
+
+    assert plan_status({}, {}).ok
+    assert not plan_status({}, {}, Gaps(unreadable={".c/x": "Permission denied"})).ok
+    assert not plan_status({}, {}, Gaps(unstorable=[".c/" + "x" * 2000])).ok

@@ -1,0 +1,71 @@
+"""``checkpoint-sidecar status``: what is in sync, pending upload, missing locally, or unseen.
+
+Read-only: one listing of the namespace and one scan of each root, compared by
+:func:`sidecar.plan.plan_status`. Exit 0 only when everything is in sync; directories the
+sidecar cannot read and files no store can hold count as not in sync (they are not mirrored).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import anyio
+import anyio.to_thread
+
+from sidecar.config import Settings
+from sidecar.localfs import Gaps, scan_root
+from sidecar.paths import IgnoreRules, Root
+from sidecar.plan import plan_status
+from sidecar.restorer import list_store
+from sidecar.store.base import Store
+
+SHOWN = 10  # names listed per kind in the text report
+
+
+async def report(settings: Settings, roots: list[Root], store: Store) -> dict[str, Any]:
+    """The status report (the ``--json`` form). Raises StoreError when the store cannot be read."""
+    await store.open()
+    listing = await list_store(store, roots)
+    ignore = IgnoreRules(settings.ignore)
+    ns = settings.namespace
+    out: dict[str, Any] = {"store": store.description, "prefix": ns.path, "identity": ns.identity,
+                           "roots": {}, "in_sync": True}
+    for root in roots:
+        gaps = Gaps()
+        local, _ = await anyio.to_thread.run_sync(scan_root, root, ignore, gaps)
+        remote = {k: v for k, v in listing.objects.items() if k.split("/", 1)[0] == root.name}
+        s = plan_status(local, remote, gaps)
+        out["roots"][root.name] = {
+            "path": root.path,
+            "in_sync": len(s.in_sync),
+            "pending_upload": s.pending_upload,
+            "missing_locally": s.missing_locally,
+            "unreadable": s.unreadable,
+            "unstorable": s.unstorable,
+        }
+        out["in_sync"] &= s.ok
+    if listing.unsafe:
+        out["unsafe_stored_names"] = [k for k, _ in listing.unsafe]
+    return out
+
+
+def render(rep: dict[str, Any], namespace: str = "") -> str:
+    """The text form: a line per root, then up to :data:`SHOWN` names of each kind, every name
+    escaped (a file name cannot forge a line)."""
+    lines = [f"store: {rep['store']}" + (f" (namespace {namespace})" if namespace else "")]
+    for name, r in rep["roots"].items():
+        counts = [f"{r['in_sync']} in sync", f"{len(r['pending_upload'])} pending upload",
+                  f"{len(r['missing_locally'])} missing locally"]
+        counts += [f"{len(r[k])} {k}" for k in ("unreadable", "unstorable") if r[k]]
+        lines.append(f"{_escaped(name)} ({_escaped(r['path'])}): {', '.join(counts)}")
+        for kind, label in (("pending_upload", "pending upload  "), ("missing_locally", "missing locally "),
+                            ("unreadable", "unreadable dir  "), ("unstorable", "name too long   ")):
+            lines += [f"  {label} {_escaped(k)}" for k in r[kind][:SHOWN]]
+    lines.append("in sync" if rep["in_sync"] else "NOT in sync")
+    return "\n".join(lines)
+
+
+def _escaped(text: str) -> str:
+    """``text`` with control characters and undecodable bytes as escapes: one line, always."""
+    return json.dumps(text, ensure_ascii=False)[1:-1] if not text.isprintable() else text
