@@ -320,6 +320,11 @@ def test_sidecar_continuation_after_state_root_loss(workdir, tmp_path, latest_py
 # ---------------------------------------------------------------------------------------------
 
 
+#: Where the resilient app's sidecar keeps its state: the platform names the session, so the
+#: sidecar keeps it in <store>/<FOUNDRY_AGENT_NAME>/<FOUNDRY_AGENT_SESSION_ID> (docs/NAMESPACES.md).
+RESILIENT_NAMESPACE = ("resilient-e2e", "session-e2e")
+
+
 def resilient_env(state_root: Path) -> dict[str, str]:
     # FOUNDRY_AGENT_NAME and FOUNDRY_AGENT_SESSION_ID form the task's lease owner
     # ("<name>|session:<id>"); a restarted host only recovers tasks it owns, so they stay the same.
@@ -382,7 +387,7 @@ def test_sidecar_recovers_running_response_after_repeated_crashes(
 
     first = start()
     response_id, reader = start_response(first, stream)
-    crash_during(first, "two", response_id, state_root, store)
+    crash_during(first, "two", response_id, state_root, store.joinpath(*RESILIENT_NAMESPACE))
     if reader is not None:
         reader.join(STEP_TIMEOUT)
         names = [name for name, _ in reader.events]
@@ -394,7 +399,7 @@ def test_sidecar_recovers_running_response_after_repeated_crashes(
     # Resumed from the checkpoint before stage two: stage one does not run again, stage two does.
     wait_for(lambda: "two" in stage_lines(second, "started"), STEP_TIMEOUT, "stage two to run again", second.log_tail)
     assert stage_lines(second, "started")[0] == "two", second.log_tail()
-    crash_during(second, "four", response_id, state_root, store)
+    crash_during(second, "four", response_id, state_root, store.joinpath(*RESILIENT_NAMESPACE))
 
     recreate_compute(state_root)
     third = start()
@@ -431,14 +436,14 @@ def test_sidecar_second_crash_inside_the_fence_wait_resumes_from_the_first(
     store = tmp_path / "store"
     env = {**sidecar_cli, **resilient_env(state_root), "SIDECAR_FENCE_WINDOW": "2", "SIDECAR_FENCE_MARGIN": "8"}
     wrapper = agentserver_wrapper(store)
-    copy = store / state_root.name
+    copy = store.joinpath(*RESILIENT_NAMESPACE) / state_root.name
 
     def start():
         return start_host(workdir, latest_python, env=env, wrapper=wrapper, app=RESILIENT_APP, ready_timeout=60)
 
     first = start()
     response_id, _ = start_response(first, stream=False)
-    crash_during(first, "two", response_id, state_root, store)
+    crash_during(first, "two", response_id, state_root, store.joinpath(*RESILIENT_NAMESPACE))
 
     recreate_compute(state_root)
     second = start()
