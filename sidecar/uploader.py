@@ -26,10 +26,12 @@ from sidecar.queue import DELETE, UPLOAD, Op, PendingSet
 from sidecar.retry import backoff
 from sidecar.fence import Fence, Fenced
 from sidecar.snapshot import BUNDLE_DIR, Change, bundle_key, encode_bundle
-from sidecar.store.base import ObjectInfo, ObjectMeta, Store, StoreError, TransientStoreError
+from sidecar.store.base import ObjectInfo, ObjectMeta, Store, StoreError, StoreFull, TransientStoreError
 
 #: Store operations after which going idle also hands freed heap memory back to the system.
 TRIM_AFTER_OPS = 256
+#: Longest wait between retries while the store is full (StoreFull): space can come back any time.
+FULL_RETRY_MAX = 2.0
 
 
 class Uploader:
@@ -373,7 +375,10 @@ class Uploader:
             self.failing_since = time.monotonic()
             metrics.DEGRADED.set(1)
         (log.warning if transient else log.error)("store_retry", attempt=attempt, error=str(e), **fields)
-        await anyio.sleep(backoff(attempt) * (1 if transient else 4))
+        if isinstance(e, StoreFull):  # cheap to retry, and space can come back at any moment
+            await anyio.sleep(min(backoff(attempt), FULL_RETRY_MAX))
+        else:
+            await anyio.sleep(backoff(attempt) * (1 if transient else 4))
 
     # -- snapshot roots --------------------------------------------------------------------
     async def _snapshot_worker(self, root: Root) -> None:

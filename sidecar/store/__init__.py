@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 from urllib.parse import unquote, urlsplit
 
-from sidecar.store.base import NotFound, ObjectInfo, ObjectMeta, Store, StoreError, TransientStoreError
+from sidecar.store.base import NotFound, ObjectInfo, ObjectMeta, Store, StoreError, StoreFull, TransientStoreError
 
 __all__ = [
-    "NotFound", "ObjectInfo", "ObjectMeta", "Store", "StoreError", "TransientStoreError",
+    "NotFound", "ObjectInfo", "ObjectMeta", "Store", "StoreError", "StoreFull", "TransientStoreError",
     "store_kind", "make_store",
 ]
 

@@ -58,6 +58,11 @@ class TransientStoreError(StoreError):
     """A failure worth retrying: throttling, timeouts, connection refused, 5xx."""
 
 
+class StoreFull(TransientStoreError):
+    """The store is out of space (or quota): nothing was written. Retried often (see
+    ``uploader``), so that the backlog drains within seconds of space coming back."""
+
+
 class NotFound(StoreError):
     """The object does not exist."""
 

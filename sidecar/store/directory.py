@@ -15,6 +15,13 @@ record; ``list`` trusts a record only while the data file's size and mtime still
 recorded (``data_mtime_ns``). A crash anywhere in between therefore leaves an object whose sha256
 is unknown (``None``) rather than a wrong one, even when the new version has the old one's size and
 mtime, and reconciliation rewrites it.
+
+Below the store's top nothing is followed: a symlink planted inside the store makes the write or
+delete that would pass through it fail (one line naming it), and records and data files are read
+only when they are regular files of bounded size (a FIFO or a link to ``/dev/zero`` is refused).
+A store holds a key or a directory of keys at one path, never both: a put replaces a stale object
+standing where its directory goes (``a`` before ``a/b``), or the stale objects below a directory
+standing where it goes. A writer's first put removes the temp files a crash left behind.
 """
 
 from __future__ import annotations
@@ -25,6 +32,8 @@ import hashlib
 import json
 import os
 import secrets
+import shutil
+import stat
 from itertools import islice
 from typing import AsyncIterator, Iterator
 
@@ -32,7 +41,7 @@ import anyio
 import anyio.to_thread
 
 from sidecar.paths import UnsafeKey, validate_relpath
-from sidecar.store.base import NotFound, ObjectInfo, ObjectMeta, StoreError
+from sidecar.store.base import NotFound, ObjectInfo, ObjectMeta, StoreError, StoreFull
 
 META_DIR = ".sidecar-meta"
 TMP_PREFIX = ".sidecar-tmp-"
@@ -40,6 +49,39 @@ TMP_PREFIX = ".sidecar-tmp-"
 LIST_BATCH = 256
 LONG_META_PREFIX = ".sidecar-long-"
 NAME_MAX = 255  # bytes in one file name (ext4, xfs, tmpfs, NFS, SMB)
+#: A metadata record is a small JSON object; anything larger is not one of ours.
+MAX_RECORD_BYTES = 4096
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def _open_regular(path: str) -> int:
+    """An fd of ``path`` when it is a regular file (never a symlink, FIFO or device: opening
+    those could block or read without end). FileNotFoundError when missing, OSError(EINVAL) when
+    it is something else."""
+    try:
+        fd = os.open(path, _READ_FLAGS)
+    except OSError as e:
+        if e.errno == errno.ELOOP:  # a symlink
+            raise OSError(errno.EINVAL, "a symlink, not a stored file", path) from None
+        raise
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", path)
+    return fd
+
+
+def _read_record(path: str) -> dict:
+    """A metadata record; ValueError when it is not a small JSON object, OSError when unreadable."""
+    fd = _open_regular(path)
+    with os.fdopen(fd, "rb") as f:
+        raw = f.read(MAX_RECORD_BYTES + 1)
+    if len(raw) > MAX_RECORD_BYTES:
+        raise ValueError("record too large")
+    rec = json.loads(raw)
+    if not isinstance(rec, dict):
+        raise ValueError("record is not an object")
+    return rec
 
 
 def _meta_name(name: str) -> str:
@@ -129,6 +171,7 @@ class DirectoryStore:
         self.top = os.path.join(self.base, self.prefix) if self.prefix else self.base
         self.description = f"file://{self.top}"
         self._limiter = anyio.CapacityLimiter(32)
+        self._temps_cleaned = False
 
     # -- helpers ---------------------------------------------------------------------------
     def _paths(self, key: str) -> tuple[str, str]:
@@ -140,6 +183,44 @@ class DirectoryStore:
             raise StoreError(f"refusing reserved key {key!r}")
         return os.path.join(self.top, *parts), _meta_path(self.top, "/".join(parts))
 
+    def _clear_way(self, path: str, data: bool) -> None:
+        """Make sure nothing below ``top`` on the way to ``path`` is a symlink (StoreError naming
+        it), and, for a data path, that no stale object stands in it: a file where a directory
+        goes, or a directory of objects where a file goes (removed with their records)."""
+        rel = os.path.relpath(path, self.top).split(os.sep)
+        here = self.top
+        for i, part in enumerate(rel):
+            here = os.path.join(here, part)
+            try:
+                st = os.lstat(here)
+            except (FileNotFoundError, NotADirectoryError):
+                return
+            last = i == len(rel) - 1
+            if stat.S_ISLNK(st.st_mode):
+                raise StoreError(f"directory store {self.top}: refusing to follow the symlink "
+                                 f"{'/'.join(rel[:i + 1])!r} inside the store; remove it")
+            if not data:
+                continue
+            if not last and stat.S_ISREG(st.st_mode):  # an object "a" where "a/b" must go
+                _remove_durably(here)
+                _remove_durably(_meta_path(self.top, "/".join(rel[:i + 1])))
+                return
+            if last and stat.S_ISDIR(st.st_mode):  # objects "a/..." where "a" must go
+                shutil.rmtree(here)
+                shutil.rmtree(os.path.join(self.top, META_DIR, *rel), ignore_errors=True)
+                _fsync_dir(os.path.dirname(here))
+
+    def _clean_temps(self) -> None:
+        """Remove the temp files that crashed writers left (once, before this writer's first put)."""
+        for dirpath, dirnames, filenames in os.walk(self.top):  # os.walk follows no symlinks
+            for name in filenames:
+                if name.startswith(TMP_PREFIX):
+                    try:
+                        os.unlink(os.path.join(dirpath, name))
+                    except OSError:
+                        pass
+        self._temps_cleaned = True
+
     async def _run(self, fn, *args):
         try:
             return await anyio.to_thread.run_sync(fn, *args, limiter=self._limiter)
@@ -150,8 +231,8 @@ class DirectoryStore:
 
     def _error(self, e: OSError) -> StoreError:
         what = e.strerror or type(e).__name__
-        if e.errno == errno.ENOSPC:
-            return StoreError(f"directory store {self.top} is full (no space left on device)")
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return StoreFull(f"directory store {self.top} is full ({what}); retrying until there is room")
         if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
             return StoreError(
                 f"directory store {self.top}: {what}; check the volume is mounted writable "
@@ -172,6 +253,10 @@ class DirectoryStore:
         data_path, meta_path = self._paths(key)
 
         def write() -> ObjectInfo:
+            if not self._temps_cleaned:
+                self._clean_temps()
+            self._clear_way(data_path, data=True)
+            self._clear_way(meta_path, data=False)
             # A stale upload never replaces a newer version (mtime_ns is the version stamp).
             try:
                 st = os.stat(data_path, follow_symlinks=False)
@@ -216,8 +301,7 @@ class DirectoryStore:
 
     def _info(self, key: str, data_path: str, meta_path: str, st: os.stat_result) -> ObjectInfo:
         try:
-            with open(meta_path, "rb") as f:
-                rec = json.loads(f.read())
+            rec = _read_record(meta_path)
             if rec.get("size") == st.st_size and rec.get("data_mtime_ns") == st.st_mtime_ns:
                 return ObjectInfo(
                     key, st.st_size, rec["sha256"], int(rec["mtime_ns"]), int(rec["mode"]),
@@ -231,10 +315,15 @@ class DirectoryStore:
         data_path, meta_path = self._paths(key)
 
         def read() -> tuple[bytes, ObjectInfo]:
+            self._clear_way(data_path, data=False)  # never read through a symlink either
             try:
-                fd = os.open(data_path, os.O_RDONLY | os.O_NOFOLLOW)
+                fd = _open_regular(data_path)
             except (FileNotFoundError, NotADirectoryError):
                 raise NotFound(key) from None
+            except OSError as e:
+                if e.errno == errno.EINVAL:
+                    raise StoreError(f"directory store {self.top}: {key!r} is {e.strerror}") from None
+                raise
             with os.fdopen(fd, "rb") as f:
                 st = os.fstat(f.fileno())
                 data = f.read()
@@ -280,12 +369,16 @@ class DirectoryStore:
         data_path, meta_path = self._paths(key)
 
         def remove() -> None:
+            self._clear_way(data_path, data=False)
+            self._clear_way(meta_path, data=False)
             removed = False
             for p in (data_path, meta_path):
                 try:
+                    if p == data_path and not stat.S_ISREG(os.lstat(p).st_mode):
+                        continue  # a directory of other keys stands there now: this object is gone
                     os.unlink(p)
                     removed = True
-                except FileNotFoundError:
+                except (FileNotFoundError, NotADirectoryError):
                     pass
             if not removed:
                 return
