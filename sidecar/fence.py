@@ -203,9 +203,17 @@ class Fence:
             self.valid_until = t + self.window
 
 
+#: Stamps above this are malformed (a generation in the high bits, 32 random bits below).
+MAX_STAMP = 2**62  # so that the next stamp still fits a signed 64-bit mtime
+
+
 def _number(value: object, kind: type) -> int | float:
-    """A marker field as a number; 0 when missing or malformed (a marker someone else wrote)."""
+    """A marker field as a number; 0 when missing, malformed or out of range (a marker someone
+    else wrote)."""
     try:
-        return kind(value or 0)
+        number = kind(value or 0)
     except (TypeError, ValueError, OverflowError):
         return kind(0)
+    if not 0 <= number <= MAX_STAMP:  # also NaN
+        return kind(0)
+    return number

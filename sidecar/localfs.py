@@ -53,6 +53,10 @@ def absent(root: Root, rel: str) -> bool:
         return False
 
 
+#: The largest mtime a file can be given (signed 64-bit nanoseconds).
+MAX_MTIME_NS = 2**63
+
+
 class Vanished(Exception):
     """The file is gone (or is no longer a regular file)."""
 
@@ -321,7 +325,8 @@ def write_restored(root: Root, parts: list[str], data: bytes, mtime_ns: int, mod
                 n = os.write(fd, view)
                 view = view[n:]
             os.fchmod(fd, safe_mode(mode))
-            os.utime(fd, ns=(mtime_ns, mtime_ns))
+            if 0 <= mtime_ns < MAX_MTIME_NS:  # a stored value out of range: the file keeps the time of now
+                os.utime(fd, ns=(mtime_ns, mtime_ns))
         except BaseException:
             os.close(fd)
             os.unlink(tmp, dir_fd=dfd)

@@ -121,3 +121,27 @@ def test_a_full_store_recovers_within_seconds_of_space_returning(tmp_path):
         assert sc.stop() == 0, sc.log()[-3000:]
     finally:
         subprocess.run(["umount", "-l", str(store)], capture_output=True)
+
+
+def test_huge_stored_numbers_are_malformed_values_not_crashes(tmp_path):
+    """A stored mtime of 10^30 and an owner marker naming generation 2^100 (a store edited by
+    hand, or by something else): the restore and the claim go on, one line each at most."""
+    import json as json_
+
+    store = tmp_path / "store"
+    src = tmp_path / "src"
+    write_atomic(src / ".checkpoints" / "c.json", b"data")
+    env = sidecar_env(SIDECAR_STORE=str(store))
+    assert run_cli("run", "--", "true", cwd=src, env=env).returncode == 0
+    record = store / ".sidecar-meta" / ".checkpoints" / "c.json.json"
+    rec = json_.loads(record.read_bytes())
+    record.write_text(json_.dumps({**rec, "mtime_ns": 10**30}))
+    (store / ".sidecar" / "owner").write_text(json_.dumps({"generation": 2**100, "heartbeat": 10**30}))
+
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    r = run_cli("run", "--", "true", cwd=fresh, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "unexpected" not in r.stderr and "Traceback" not in r.stderr
+    assert disk_tree(fresh / ".checkpoints") == {"c.json": b"data"}
+    assert any(e.get("event") == "fence_claimed" for e in json_lines(r.stderr)), r.stderr
