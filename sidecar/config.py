@@ -93,12 +93,17 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 def _text(v: Any) -> Any:
-    """A raw value: no control characters (NUL, newline...), at most MAX_VALUE_CHARS."""
+    """A raw value: UTF-8 text without control characters (NUL, newline...), at most
+    MAX_VALUE_CHARS."""
     if isinstance(v, str):
         if _CONTROL.search(v):
             raise ValueError("must not contain control characters (NUL, newline, tab...)")
         if len(v) > MAX_VALUE_CHARS:
             raise ValueError(f"longer than {MAX_VALUE_CHARS} characters ({len(v)})")
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError:  # os.environ's surrogate escapes of bytes that are not UTF-8
+            raise ValueError("must be UTF-8 text (it holds bytes that are not)") from None
     return v
 
 
@@ -117,6 +122,8 @@ def _finite(v: Any) -> Any:
         except ValueError:
             return v  # the type check says what is wrong
         if number != number or number in (float("inf"), float("-inf")):
+            if v.isdigit():  # too many digits for a float
+                raise ValueError(f"must be at most {_num(MAX_SECONDS)}; got {_num(v)}")
             raise ValueError(f"must be a finite number, got {shown(v)}")
     return v
 
@@ -324,7 +331,7 @@ def parse_host_port(addr: str) -> tuple[str, int] | None:
         if host and not _HOST.match(host):
             raise ValueError(expected)
     if len(port) > 5 or int(port) > 65535:
-        raise ValueError(f"port must be 0-65535; got {shown(port)}")
+        raise ValueError(f"the port must be 0-65535; got {shown(addr)}")
     return (host or "127.0.0.1"), int(port)
 
 
@@ -422,6 +429,8 @@ def _problem(err: dict[str, Any]) -> str:
     if kind == "literal_error":
         choices = _kind(Settings.model_fields[name].annotation)[1]
         return f"{variable}: must be one of {', '.join(choices)}; got {shown(value)}"
+    if kind == "string_unicode":
+        return f"{variable}: must be UTF-8 text (it holds bytes that are not)"
     if kind in ("string_type", "list_type"):
         return f"{variable}: must be text{got}"
     return f"{variable}: {err['msg'].splitlines()[0]}"  # a type this list does not know yet
