@@ -280,11 +280,11 @@ class _StoreConfigError(Exception):
     """The store URL or its credentials cannot be used (found when the store is built)."""
 
 
-def _open(settings: Settings):
+def _open(settings: Settings, read_only: bool = False):
     from sidecar.store import make_store
 
     try:
-        store = make_store(settings.store, settings.namespace.path)
+        store = make_store(settings.store, settings.namespace.path, read_only=read_only)
     except ValueError as e:
         raise _StoreConfigError(str(e)) from None
     return store
@@ -428,7 +428,7 @@ async def _status(settings: Settings, roots: list[Root], as_json: bool) -> int:
     from sidecar.restorer import list_store
     from sidecar.store.base import StoreError
 
-    store = _open(settings)
+    store = _open(settings, read_only=True)
     try:
         await store.open()
         listing = await list_store(store, roots)

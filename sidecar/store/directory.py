@@ -123,7 +123,11 @@ def _write_atomic(path: str, data: bytes, mode: int = 0o600, mtime_ns: int | Non
 
 
 class DirectoryStore:
-    def __init__(self, base: str, prefix: str = "") -> None:
+    """``create=False`` (a read-only use such as ``status``): :meth:`open` makes no directory,
+    and a store that does not exist yet lists as empty."""
+
+    def __init__(self, base: str, prefix: str = "", create: bool = True) -> None:
+        self.create = create
         self.base = os.path.abspath(base)
         self.prefix = prefix.strip("/")
         self.top = os.path.join(self.base, self.prefix) if self.prefix else self.base
@@ -162,6 +166,10 @@ class DirectoryStore:
     # -- interface -------------------------------------------------------------------------
     async def open(self) -> None:
         def check() -> None:
+            if not self.create:
+                if os.path.exists(self.top) and not os.access(self.top, os.R_OK | os.X_OK):
+                    raise PermissionError(errno.EACCES, "not readable", self.top)
+                return
             os.makedirs(self.top, exist_ok=True)
             if not os.access(self.top, os.W_OK | os.X_OK):
                 raise PermissionError(errno.EACCES, "not writable", self.top)

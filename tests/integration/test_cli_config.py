@@ -114,3 +114,17 @@ def test_a_variable_of_another_command_is_fine_in_the_environment(tmp_path):
     r = run_cli("status", cwd=work, env=env)
     assert r.returncode == 0, r.stderr
     assert "in sync" in r.stdout
+
+
+def test_status_creates_no_store(tmp_path):
+    """``status`` only reads: a store that does not exist yet is reported empty, not made."""
+    work = tmp_path / "work"
+    (work / ".checkpoints").mkdir(parents=True)
+    env = env_for(tmp_path)
+    del env["SIDECAR_STORE"]  # the default, under XDG_STATE_HOME
+    r = run_cli("status", cwd=work, env=env)
+    assert r.returncode == 0 and "in sync" in r.stdout, r.stdout + r.stderr
+    (work / ".checkpoints" / "a.json").write_text("{}")
+    r = run_cli("status", "--json", cwd=work, env=env)
+    assert r.returncode == 1 and '"pending_upload": [\n        ".checkpoints/a.json"' in r.stdout, r.stdout + r.stderr
+    assert not (tmp_path / "state").exists()
