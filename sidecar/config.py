@@ -179,7 +179,8 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX, case_sensitive=False, frozen=True, extra="forbid",
-        cli_parse_args=False,  # argparse parses the flags (cli.py)
+        # argparse parses the flags (cli.py): cli_parse_args stays unset, as any value, False
+        # included, makes pydantic-settings build a parser of its own on every instantiation
         env_file=None, secrets_dir=None, validate_default=False, hide_input_in_errors=True,
     )
 
