@@ -143,3 +143,24 @@ def test_whole_numbers_written_as_floats_and_huge_numbers(tmp_path):
     with pytest.raises(ConfigError) as e:  # one line, never a traceback
         load({}, cwd=str(tmp_path), env={"SIDECAR_CONCURRENCY": "9" * 400, "SIDECAR_STORE": str(tmp_path / "s")})
     assert e.value.problems == ["SIDECAR_CONCURRENCY: must be at most 256; got 99999999...(400 digits)"]
+
+
+def test_deploy_files_name_only_known_variables():
+    """An unknown SIDECAR_* variable is a config error, so no manifest or image may set one; and
+    the sidecar containers of the platform manifests set the store (no default store there)."""
+    import re
+
+    from sidecar.config import VARIABLES
+
+    repo = Path(__file__).resolve().parents[2]
+    files = [*repo.glob("deploy/**/*.yaml"), repo / "Dockerfile", *repo.glob("examples/**/Dockerfile")]
+    used = {}
+    for f in files:
+        text = f.read_text()
+        for m in re.finditer(r"(?<![{\w])SIDECAR_[A-Z_]+", text):  # not ${SIDECAR_IMAGE}: compose's own
+            used.setdefault(m.group(0), f.relative_to(repo))
+    assert {"SIDECAR_STORE", "SIDECAR_HTTP_ADDR", "SIDECAR_RESTORE"} <= set(used)
+    assert {v: f for v, f in used.items() if v not in VARIABLES} == {}
+    for manifest in ("deploy/kubernetes/base/kustomization.yaml", "deploy/azure-container-apps/containerapp.yaml",
+                     "deploy/compose/compose.yaml"):
+        assert "SIDECAR_STORE" in (repo / manifest).read_text(), manifest
