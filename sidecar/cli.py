@@ -12,7 +12,6 @@ non-zero exit code, never a traceback:
 from __future__ import annotations
 
 import argparse
-import difflib
 import json
 import logging
 import os
@@ -128,6 +127,8 @@ def _unrecognized(parser: argparse.ArgumentParser, command: str, extra: list[str
                     if any(flag == "--" + n.replace("_", "-") for n in names))
     if others:
         return f"{message} ({flag} is not an option of {command}, only of {', '.join(others)})"
+    import difflib  # only on this error path
+
     near = difflib.get_close_matches(flag, own, n=1, cutoff=0.75)
     return f"{message} (did you mean {near[0]}?)" if near else message
 

@@ -15,7 +15,7 @@ Rules beyond a field's type: an unknown ``SIDECAR_*`` variable is an error (a ty
 
 from __future__ import annotations
 
-import difflib
+import functools
 import ipaddress
 import os
 import re
@@ -79,11 +79,17 @@ class ConfigError(ValueError):
         self.problems = problems
 
 
+def _escaped(text: str, limit: int) -> str:
+    """``text`` with control characters and non-ASCII escaped, shortened past ``limit``."""
+    cut = text[:limit].encode("unicode_escape", "backslashreplace").decode("ascii")
+    return cut + (f"...({len(text)} characters)" if len(text) > limit else "")
+
+
 def shown(value: Any, limit: int = 40) -> str:
     """``value`` for a one-line message: quoted, control characters and non-ASCII escaped,
     shortened past ``limit`` characters (never for a value that may be a secret)."""
     text = value if isinstance(value, str) else str(value)
-    cut = text[:limit].encode("unicode_escape", "backslashreplace").decode("ascii").replace("'", "\\'")
+    cut = _escaped(text[:limit], limit).replace("'", "\\'")
     return f"'{cut}'" + (f"...({len(text)} characters)" if len(text) > limit else "")
 
 
@@ -128,6 +134,19 @@ def _finite(v: Any) -> Any:
     return v
 
 
+def _integer(v: Any) -> Any:
+    """A whole number may be written as one: ``8.0``, ``1e9``."""
+    v = _word(v)
+    if isinstance(v, str) and not v.lstrip("+-").isdigit():
+        try:
+            number = float(v)
+        except ValueError:
+            return v  # the type check says what is wrong
+        if number.is_integer() and abs(number) < 2**63:
+            return int(number)
+    return v
+
+
 def _comma_list(v: Any) -> Any:
     v = _text(v)
     if isinstance(v, str):
@@ -136,7 +155,7 @@ def _comma_list(v: Any) -> Any:
 
 
 Text = Annotated[str, BeforeValidator(_text)]
-Int = Annotated[int, BeforeValidator(_word)]
+Int = Annotated[int, BeforeValidator(_integer)]
 Seconds = Annotated[float, BeforeValidator(_finite), Field(ge=0, le=MAX_SECONDS, allow_inf_nan=False)]
 Bool = Annotated[bool, BeforeValidator(_word)]
 Words = Annotated[list[str], NoDecode, BeforeValidator(_comma_list)]  # "a,b" in the environment, not JSON
@@ -170,7 +189,8 @@ class _Environment(EnvSettingsSource):
 
 
 def _doc(default: str) -> dict[str, Any]:
-    """``json_schema_extra`` naming a default the way the help and the README show it."""
+    """``json_schema_extra`` naming a default the way the help and the README show it (for a
+    default that is computed)."""
     return {"doc_default": default}
 
 
@@ -369,7 +389,8 @@ def _shown_default(value: Any) -> str:
     return str(value)
 
 
-def setting_docs() -> list[SettingDoc]:
+@functools.cache
+def setting_docs() -> tuple[SettingDoc, ...]:
     """Every setting, in declaration order, for flags, their help and the README table."""
     out = []
     for name, f in Settings.model_fields.items():
@@ -378,7 +399,7 @@ def setting_docs() -> list[SettingDoc]:
         default = str(extra.get("doc_default") or _shown_default(f.default))
         out.append(SettingDoc(name, ENV_PREFIX + name.upper(), "--" + name.replace("_", "-"),
                               f.description or "", default, choices, kind))
-    return out
+    return tuple(out)
 
 
 SETTING_NAMES = tuple(Settings.model_fields)
@@ -407,8 +428,8 @@ def _problem(err: dict[str, Any]) -> str:
     kind, ctx, value = err["type"], err.get("ctx") or {}, err.get("input")
     secret = name == "store"
     got = "" if secret else f", got {shown(value)}"
-    if kind == "value_error":
-        return f"{variable}: {ctx.get('error', err['msg'])}"
+    if kind == "value_error":  # our own checks' messages: one line each
+        return f"{variable}: {ctx.get('error', err['msg'])}".splitlines()[0]
     if kind in ("greater_than_equal", "less_than_equal", "greater_than"):
         words = {"greater_than_equal": ("at least", "ge"), "less_than_equal": ("at most", "le"),
                  "greater_than": ("more than", "gt")}[kind]
@@ -444,9 +465,11 @@ def unknown_variables(env: Mapping[str, str] | None = None) -> list[str]:
 
 
 def _unknown_problem(variable: str) -> str:
+    import difflib  # only on this error path
+
     near = difflib.get_close_matches(variable.upper(), VARIABLES, n=1, cutoff=0.6)
-    hint = f" (did you mean {near[0]}?)" if near else f" (the settings: see checkpoint-sidecar --help)"
-    return f"{shown(variable, 60)[1:-1]}: not a checkpoint-sidecar setting{hint}"
+    hint = f" (did you mean {near[0]}?)" if near else " (the settings: see checkpoint-sidecar --help)"
+    return f"{_escaped(variable, 60)}: not a checkpoint-sidecar setting{hint}"
 
 
 def load(overrides: Mapping[str, object] | None = None, cwd: str | None = None,

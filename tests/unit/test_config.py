@@ -138,8 +138,9 @@ def test_unknown_sidecar_variables_are_named():
 
 
 def test_whole_numbers_written_as_floats_and_huge_numbers(tmp_path):
-    s, _ = load({}, cwd=str(tmp_path), env={"SIDECAR_CONCURRENCY": "8.0", "SIDECAR_STORE": str(tmp_path / "s")})
-    assert s.concurrency == 8
+    s, _ = load({}, cwd=str(tmp_path), env={"SIDECAR_CONCURRENCY": "8.0", "SIDECAR_STORE": str(tmp_path / "s"),
+                                             "SIDECAR_MAX_FILE_SIZE": "1e9"})
+    assert s.concurrency == 8 and s.max_file_size == 1_000_000_000
     with pytest.raises(ConfigError) as e:  # one line, never a traceback
         load({}, cwd=str(tmp_path), env={"SIDECAR_CONCURRENCY": "9" * 400, "SIDECAR_STORE": str(tmp_path / "s")})
     assert e.value.problems == ["SIDECAR_CONCURRENCY: must be at most 256; got 99999999...(400 digits)"]
