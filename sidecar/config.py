@@ -195,7 +195,8 @@ def _doc(default: str) -> dict[str, Any]:
 
 
 class Settings(BaseSettings):
-    """Every setting of the sidecar; build it with :func:`load`."""
+    """Every setting of the sidecar, declared once; build it with :func:`load`. A field's
+    description is its help text; ``doc_default`` names a computed default as documented."""
 
     model_config = SettingsConfigDict(
         env_prefix=ENV_PREFIX, case_sensitive=False, frozen=True, extra="forbid",
@@ -208,7 +209,7 @@ class Settings(BaseSettings):
                         "container URL https://<account>.blob.core.windows.net/<container>[/<prefix>]",
                         json_schema_extra=_doc("$XDG_STATE_HOME/checkpoint-sidecar/store"))
     layout: Layout = Field("agent-framework", description="which host's state to mirror: agent-framework "
-                                      "(.checkpoints,.function_approvals) or agentserver ($AGENTSERVER_STATE_ROOT)")
+                           "(.checkpoints,.function_approvals) or agentserver ($AGENTSERVER_STATE_ROOT)")
     roots: Words = Field(default_factory=list, description="comma-separated trees to mirror (overrides the layout)",
                          json_schema_extra=_doc("from the layout"))
     commit: Commit = Field(
@@ -229,16 +230,14 @@ class Settings(BaseSettings):
     reconcile_interval: Seconds = Field(120.0, description="seconds between local rescans (0: off)")
     full_reconcile_interval: Seconds = Field(3600.0, description="seconds between store listings (0: at start only)")
     drain_timeout: Seconds = Field(20.0, description="seconds to flush pending work on shutdown")
-    fence_window: PositiveSeconds = Field(2.0, description="seconds a proof of store ownership "
-                                                          "is trusted")
+    fence_window: PositiveSeconds = Field(2.0, description="seconds a proof of store ownership is trusted")
     fence_margin: Seconds = Field(8.0, description="extra seconds to wait before writing after a recently active owner")
     max_file_size: Int = Field(256 * 1024 * 1024, ge=1, le=2**63 - 1,
                                description="bytes; larger files are not mirrored")
     http_addr: Text = Field(f"127.0.0.1:{DEFAULT_HTTP_PORT}",
                             description="host:port of /livez /readyz /metrics ('' disables)")
     log_level: LogLevel = Field("info", description="log level")
-    log_format: LogFormat = Field(
-        "auto", description="auto (json unless stderr is a terminal), json, text")
+    log_format: LogFormat = Field("auto", description="auto (json unless stderr is a terminal), json, text")
 
     _namespace: Namespace = PrivateAttr(default_factory=Namespace)
 
