@@ -17,78 +17,161 @@ import logging
 import os
 import signal
 import sys
-from typing import Any
+import textwrap
+from typing import Any, NoReturn
 
 import anyio
 
 from sidecar import __version__, log
-from sidecar.config import ConfigError, Settings, load, unknown_variables
+from sidecar.config import SETTING_NAMES, ConfigError, SettingDoc, Settings, load, setting_docs
 from sidecar.lifecycle import Shutdown, handle_signals
 from sidecar.paths import Root
 
 EXIT_OK, EXIT_FAIL, EXIT_CONFIG, EXIT_PENDING = 0, 1, 2, 75
 
 
-def _flag_map() -> list[tuple[str, str, dict[str, Any]]]:
-    return [
-        ("--store", "store", {"help": "file:///dir, a path, or https://<account>.blob.core.windows.net/<container>[/<prefix>]"}),
-        ("--layout", "layout", {"help": "agent-framework (default: .checkpoints,.function_approvals) or agentserver ($AGENTSERVER_STATE_ROOT)"}),
-        ("--roots", "roots", {"help": "comma-separated trees to mirror (overrides --layout)"}),
-        ("--commit", "commit", {"help": "per-file, snapshot (crash-consistent across files) or auto (snapshot for agentserver)"}),
-        ("--prefix", "prefix", {"help": "namespace inside the store; may refer to variables: 'agents/{POD_NAME}'"}),
-        ("--session-namespace", "session_namespace",
-         {"help": "auto (default): each FOUNDRY_AGENT_SESSION_ID in <prefix>/<agent>/<session>; off: the prefix as written"}),
-        ("--ignore", "ignore", {"help": "comma-separated basename globs never mirrored (default *.tmp,.sidecar-*)"}),
-        ("--concurrency", "concurrency", {"type": int, "help": "store operations in flight (default 16)"}),
-        ("--debounce-ms", "debounce_ms", {"type": int, "help": "watcher polling step while idle, ms (default 25; 2 while busy)"}),
-        ("--reconcile-interval", "reconcile_interval", {"type": float, "help": "seconds between local rescans (default 120)"}),
-        ("--full-reconcile-interval", "full_reconcile_interval", {"type": float, "help": "seconds between store listings (default 3600)"}),
-        ("--drain-timeout", "drain_timeout", {"type": float, "help": "seconds to flush on shutdown (default 20)"}),
-        ("--fence-window", "fence_window", {"type": float, "help": "seconds a proof of store ownership is trusted (default 2)"}),
-        ("--fence-margin", "fence_margin", {"type": float, "help": "extra wait after a recently active predecessor, seconds (default 8)"}),
-        ("--restore-corrupt", "restore_corrupt", {"help": "fail (default) or skip: a corrupt stored object is left out and reported"}),
-        ("--max-file-size", "max_file_size", {"type": int, "help": "bytes; larger files are not mirrored"}),
-        ("--http-addr", "http_addr", {"help": "host:port for /livez /readyz /metrics ('' disables)"}),
-        ("--log-level", "log_level", {"help": "debug, info, warning, error"}),
-        ("--log-format", "log_format", {"help": "auto, json, text"}),
-    ]
+#: The settings each command uses (its flags); the environment's SIDECAR_* variables are read
+#: whatever the command, so one environment serves every command of a deployment.
+_ALL = tuple(SETTING_NAMES)
+_LOGGING = ("log_level", "log_format")
+_STORE = ("store", "layout", "roots", "prefix", "session_namespace")
+COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
+    "restore": _STORE + ("restore", "restore_optional", "restore_corrupt", "concurrency") + _LOGGING,
+    "sync": _ALL,
+    "run": _ALL,
+    "status": _STORE + ("ignore",) + _LOGGING,
+    "probe": ("http_addr",) + _LOGGING,
+}
+
+EXIT_CODES = ("exit codes: 0 ok, 1 runtime failure, 2 bad configuration, 75 stopped with changes pending; "
+              "run: the child's own code, 128+N for signal N")
+_EPILOG = {
+    "restore": "0 once the state is back on disk (or nothing was stored); 1 when the store cannot be read",
+    "sync": "75 when stopped with changes still pending (not flushed within SIDECAR_DRAIN_TIMEOUT)",
+    "run": "the child's own exit code (128+N for signal N); 1 if the restore failed (CMD never starts), "
+           "127/126 if CMD cannot start",
+    "status": "0 in sync; 1 not in sync or the store cannot be reached",
+    "probe": "0 ready/live; 1 not, or no answer within --timeout; 2 when SIDECAR_HTTP_ADDR is empty",
+}
+_ENV_NOTE = ("Every flag is also the environment variable named in its help (flags win); variables of "
+             "settings a command does not use are accepted and ignored.")
 
 
-def _add_common(p: argparse.ArgumentParser, restore_flags: bool = True) -> None:
-    for flag, dest, kw in _flag_map():
-        p.add_argument(flag, dest=dest, default=None, **kw)
-    if restore_flags:
-        g = p.add_mutually_exclusive_group()
-        g.add_argument("--restore", dest="restore", choices=["auto", "skip", "force"], default=None,
-                       help="restore rule (default auto: fill empty roots from the store)")
-        g.add_argument("--no-restore", dest="restore", action="store_const", const="skip",
-                       help="do not restore before mirroring")
-        g.add_argument("--force-restore", dest="restore", action="store_const", const="force",
-                       help="restore every stored file even into roots that hold files")
-        p.add_argument("--restore-optional", dest="restore_optional", action="store_const", const=True,
-                       default=None, help="start even when the store cannot be reached (not recommended)")
+class _Parser(argparse.ArgumentParser):
+    """argparse without abbreviations (``--stor`` is not ``--store``), whose usage errors are one
+    line on stderr and exit 2."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:  # type: ignore[override]
+        line = message.splitlines()[0] if message else "bad usage"
+        print(f"{self.prog}: usage error: {_escaped(log.redact(line))} (see {self.prog} --help)", file=sys.stderr)
+        raise SystemExit(EXIT_CONFIG)
+
+
+def _escaped(text: str) -> str:
+    """Control characters as escapes: an argument reaches a one-line message."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
+def _help(doc: SettingDoc) -> str:
+    return f"{doc.help} ({doc.variable}; default: {doc.default})".replace("%", "%%")
+
+
+def _flag_map(command: str = "sync") -> list[tuple[str, str, dict[str, Any]]]:
+    """(flag, setting, add_argument options) for each setting ``command`` uses, from the model:
+    every value reaches :func:`sidecar.config.load` as given, which converts and checks it."""
+    docs = {d.name: d for d in setting_docs()}
+    out = []
+    for name in COMMAND_SETTINGS[command]:
+        doc = docs[name]
+        kw: dict[str, Any] = {"help": _help(doc), "metavar": doc.name.upper()}
+        if doc.kind == "bool":
+            kw = {"help": _help(doc), "action": "store_const", "const": True}
+        elif doc.choices:
+            kw["metavar"] = "{" + ",".join(doc.choices) + "}"
+        out.append((doc.flag, name, kw))
+    return out
+
+
+def _add_common(p: argparse.ArgumentParser, command: str) -> None:
+    """The flags of the settings ``command`` uses; ``--restore`` with its two shorthands."""
+    for flag, dest, kw in _flag_map(command):
+        if dest == "restore":
+            g = p.add_mutually_exclusive_group()
+            g.add_argument(flag, dest=dest, default=None, **kw)
+            g.add_argument("--no-restore", dest="restore", action="store_const", const="skip",
+                           help="do not restore before mirroring (SIDECAR_RESTORE=skip)")
+            g.add_argument("--force-restore", dest="restore", action="store_const", const="force",
+                           help="restore every stored file even into roots that hold files (SIDECAR_RESTORE=force)")
+        else:
+            p.add_argument(flag, dest=dest, default=None, **kw)
+
+
+def _epilog(*paragraphs: str) -> str:
+    return "\n\n".join(textwrap.fill(p, 88) for p in paragraphs)
+
+
+def _unrecognized(parser: argparse.ArgumentParser, command: str, extra: list[str]) -> str:
+    """The usage error for arguments ``command`` does not take, with a hint for a flag that is
+    misspelt or belongs to another command."""
+    message = f"unrecognized arguments: {' '.join(extra)}"
+    flag = next((a.split("=", 1)[0] for a in extra if a.startswith("--")), None)
+    if flag is None:
+        return message
+    own = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]
+    others = sorted(c for c, names in COMMAND_SETTINGS.items()
+                    if any(flag == "--" + n.replace("_", "-") for n in names))
+    if others:
+        return f"{message} ({flag} is not an option of {command}, only of {', '.join(others)})"
+    import difflib  # only on this error path
+
+    near = difflib.get_close_matches(flag, own, n=1, cutoff=0.75)
+    return f"{message} (did you mean {near[0]}?)" if near else message
+
+
+def _timeout(text: str) -> float:
+    """``probe --timeout``: seconds, finite and positive."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text[:40]!r}") from None
+    if not 0 < value <= 3600:
+        raise argparse.ArgumentTypeError(f"must be more than 0 and at most 3600 seconds, got {text[:40]!r}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    """The command line: one subparser per command, each with only the flags it uses."""
+    parser = _Parser(
         prog="checkpoint-sidecar",
         description="Mirror agent workflow state to durable storage and bring it back after compute recreation.",
+        epilog=_epilog(_ENV_NOTE, EXIT_CODES),
     )
+    parser.commands = {}
     parser.add_argument("--version", action="version", version=f"checkpoint-sidecar {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    _add_common(sub.add_parser("restore", help="one-shot restore (init containers)"))
-    _add_common(sub.add_parser("sync", help="restore, then mirror every change until SIGTERM (sidecar)"))
-    run = sub.add_parser("run", help="restore, mirror, and run CMD as a child (entrypoint wrapper)",
-                         usage="checkpoint-sidecar run [options] -- CMD [ARGS...]")
-    _add_common(run)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
+
+    def add(command: str, help: str, **kw: Any) -> argparse.ArgumentParser:
+        p = sub.add_parser(command, help=help, description=help,
+                           epilog=_epilog(_ENV_NOTE, EXIT_CODES, f"{command}: {_EPILOG[command]}"), **kw)
+        _add_common(p, command)
+        parser.commands[command] = p
+        return p
+
+    add("restore", "one-shot restore (init containers)")
+    add("sync", "restore, then mirror every change until SIGTERM (sidecar)")
+    run = add("run", "restore, mirror, and run CMD as a child (entrypoint wrapper)",
+              usage="checkpoint-sidecar run [options] -- CMD [ARGS...]")
     run.add_argument("cmd", nargs=argparse.REMAINDER, help="the command to run, after --")
-    st = sub.add_parser("status", help="what is in sync, pending upload, missing locally (exit 0 only in sync)")
-    _add_common(st, restore_flags=False)
+    st = add("status", "what is in sync, pending upload, missing locally (exit 0 only in sync)")
     st.add_argument("--json", action="store_true", help="machine-readable output")
-    pr = sub.add_parser("probe", help="exit 0 when the running sidecar is ready/live (exec probes)")
-    _add_common(pr, restore_flags=False)
+    pr = add("probe", "exit 0 when the running sidecar is ready/live (exec probes)")
     pr.add_argument("what", choices=["ready", "live"])
-    pr.add_argument("--timeout", type=float, default=2.0)
+    pr.add_argument("--timeout", type=_timeout, default=2.0, help="seconds to wait for the answer (default: 2)")
     return parser
 
 
@@ -146,10 +229,11 @@ def entry() -> None:
 def main(argv: list[str] | None = None) -> int:
     _limit_malloc_arenas()
     parser = build_parser()
-    args = parser.parse_args(argv)
-    overrides = {dest: getattr(args, dest, None) for _f, dest, _k in _flag_map()}
-    for extra in ("restore", "restore_optional"):
-        overrides[extra] = getattr(args, extra, None)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        sub = parser.commands[args.command]
+        sub.error(_unrecognized(sub, args.command, extra))
+    overrides = {name: getattr(args, name, None) for name in COMMAND_SETTINGS[args.command]}
     try:
         settings, roots = load(overrides)
     except ConfigError as e:
@@ -157,8 +241,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"checkpoint-sidecar: config error: {log.redact(problem)}", file=sys.stderr)
         return EXIT_CONFIG
     log.setup(settings.log_level, settings.log_format)
-    for name in unknown_variables():
-        log.warning("unknown_setting", variable=name, detail="not a checkpoint-sidecar setting: ignored (a typo?)")
     logging.getLogger("azure").setLevel(logging.WARNING)  # the SDK logs every request at INFO
 
     if args.command == "run":
@@ -199,11 +281,11 @@ class _StoreConfigError(Exception):
     """The store URL or its credentials cannot be used (found when the store is built)."""
 
 
-def _open(settings: Settings):
+def _open(settings: Settings, read_only: bool = False):
     from sidecar.store import make_store
 
     try:
-        store = make_store(settings.store, settings.namespace.path)
+        store = make_store(settings.store, settings.namespace.path, read_only=read_only)
     except ValueError as e:
         raise _StoreConfigError(str(e)) from None
     return store
@@ -344,7 +426,7 @@ async def _status(settings: Settings, roots: list[Root], as_json: bool) -> int:
     from sidecar import status
     from sidecar.store.base import StoreError
 
-    store = _open(settings)
+    store = _open(settings, read_only=True)
     try:
         rep = await status.report(settings, roots, store)
     except StoreError as e:

@@ -1,18 +1,31 @@
 """One typed configuration, from ``SIDECAR_*`` environment variables and CLI flags (flags win).
 
-Every setting is declared once, as a field of :class:`Settings` with its type, default, bounds
-and help; :func:`load` takes each from the flags or the environment (``SIDECAR_<NAME>``, any
-case), converts and checks it, and reports every problem at once, one line each, naming the
-variable. This is the part of pydantic-settings the sidecar used; importing pydantic cost about
-95 ms of the 200 ms a restore may add to a host's cold start (see the README's design section).
+Every setting is declared once, as a field of the pydantic-settings model :class:`Settings`: its
+type, default, bounds, help and variable (``SIDECAR_<NAME>``, any case). The CLI's flags and
+their help (:func:`setting_docs`) and the README's table are derived from it or checked against
+it. :func:`load` reads the flags and the environment, validates everything, and reports every
+problem at once, one line each, naming the variable (``SIDECAR_X: <what is wrong>``); a rejected
+value is shown only where it cannot be a secret (never the store URL, which may carry a SAS
+token), escaped and shortened.
+
+Rules beyond a field's type: an unknown ``SIDECAR_*`` variable is an error (a typo such as
+``SIDECAR_STOR`` would otherwise fall back to the default store silently), and so is an unset
+``SIDECAR_STORE`` on a container platform, whose local disk goes with the container.
 """
 
 from __future__ import annotations
 
-import math
+import functools
+import ipaddress
 import os
-from dataclasses import MISSING, dataclass, field, fields, replace
-from typing import Any, Callable
+import re
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, Mapping, get_args
+from urllib.parse import urlsplit
+
+from pydantic import BeforeValidator, Field, PrivateAttr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, SettingsConfigDict
 
 from sidecar.namespace import Namespace, NamespaceError, check_template, resolve
 from sidecar.paths import DEFAULT_IGNORE, Root, is_within, make_roots
@@ -21,9 +34,19 @@ from sidecar.store import directory_of, store_kind
 DEFAULT_ROOTS = [".checkpoints", ".function_approvals"]
 LAYOUTS = ("agent-framework", "agentserver")
 ENV_PREFIX = "SIDECAR_"
+DEFAULT_HTTP_PORT = 7479  # clear of the host (8088), Prometheus exporters (9100-9999) and common app ports
+
+#: Set by these, the process runs on a container platform: its local disk goes with the container.
+PLATFORM_VARIABLES = ("KUBERNETES_SERVICE_HOST", "CONTAINER_APP_NAME", "FOUNDRY_HOSTING_ENVIRONMENT",
+                      "FOUNDRY_AGENT_SESSION_ID")
+#: The longest value any setting takes (a store URL with a SAS token is well below it).
+MAX_VALUE_CHARS = 4096
+#: A duration beyond a year is a mistake (and overflows event-loop timers).
+MAX_SECONDS = 365 * 24 * 3600.0
+PATH_MAX, NAME_MAX = 4096, 255  # bytes: a whole path, one component (Linux)
 
 
-def layout_roots(layout: str, env: dict[str, str] | None = None) -> list[str]:
+def layout_roots(layout: str, env: Mapping[str, str] | None = None) -> list[str]:
     """Where a host keeps its state, resolved the way the host resolves it.
 
     * ``agent-framework`` (hosting 1.0.0a260709 … 1.0.0b260730): ``.checkpoints`` and
@@ -40,12 +63,11 @@ def layout_roots(layout: str, env: dict[str, str] | None = None) -> list[str]:
     return list(DEFAULT_ROOTS)
 
 
-DEFAULT_HTTP_PORT = 7479  # clear of the host (8088), Prometheus exporters (9100-9999) and common app ports
-
-
-def default_store() -> str:
-    """Outside the working directory and outside any root: ``$XDG_STATE_HOME/checkpoint-sidecar/store``."""
-    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+def default_store(env: Mapping[str, str] | None = None) -> str:
+    """Outside the working directory and outside any root: ``$XDG_STATE_HOME/checkpoint-sidecar/store``.
+    For a laptop: on a container platform this disk goes with the container (see :func:`load`)."""
+    env = os.environ if env is None else env
+    state = env.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
     return os.path.join(state, "checkpoint-sidecar", "store")
 
 
@@ -57,62 +79,208 @@ class ConfigError(ValueError):
         self.problems = problems
 
 
-# -- checks beyond type and bounds (a ValueError's text becomes the problem line) ----------------
-
-def _check_prefix(v: str) -> str:
-    return check_template(v)  # NamespaceError is a ValueError: one line naming SIDECAR_PREFIX
-
-
-def _check_store(v: str) -> str:
-    if not v.strip():
-        raise ValueError("must not be empty")
-    store_kind(v)  # raises for unsupported schemes
-    return v.strip()
+def _escaped(text: str, limit: int) -> str:
+    """``text`` with control characters and non-ASCII escaped, shortened past ``limit``."""
+    cut = text[:limit].encode("unicode_escape", "backslashreplace").decode("ascii")
+    return cut + (f"...({len(text)} characters)" if len(text) > limit else "")
 
 
-def setting(default: Any, help: str, *, choices: tuple[str, ...] = (), ge: float | None = None,
-            le: float | None = None, gt: float | None = None, check: Callable[[Any], Any] | None = None) -> Any:
-    """A :class:`Settings` field: ``default`` (a value, or a callable for a fresh one), the help
-    text, and what a value must satisfy besides its type."""
-    meta = {"help": help, "choices": choices, "ge": ge, "le": le, "gt": gt, "check": check}
-    if callable(default):
-        return field(default_factory=default, metadata=meta)
-    return field(default=default, metadata=meta)
+def shown(value: Any, limit: int = 40) -> str:
+    """``value`` for a one-line message: quoted, control characters and non-ASCII escaped,
+    shortened past ``limit`` characters (never for a value that may be a secret)."""
+    text = value if isinstance(value, str) else str(value)
+    cut = _escaped(text[:limit], limit).replace("'", "\\'")
+    return f"'{cut}'" + (f"...({len(text)} characters)" if len(text) > limit else "")
 
 
-@dataclass(frozen=True)
-class Settings:
-    store: str = setting(default_store, "file:///dir, a path, or an Azure Blob container URL", check=_check_store)
-    layout: str = setting("agent-framework", "which host's state to mirror", choices=LAYOUTS)
-    roots: list[str] = setting(list, "trees to mirror (overrides the layout)")
-    commit: str = setting("auto", "per-file, or crash-consistent snapshots across files (auto: snapshot for agentserver)",
-                          choices=("auto", "per-file", "snapshot"))
-    prefix: str = setting("", "namespace inside the store; may refer to variables, e.g. 'agents/{POD_NAME}'",
-                          check=_check_prefix)
-    session_namespace: str = setting("auto", "auto: each platform session (FOUNDRY_AGENT_SESSION_ID) in "
-                                     "<prefix>/<agent>/<session>; off: the prefix as written", choices=("auto", "off"))
-    ignore: list[str] = setting(lambda: list(DEFAULT_IGNORE), "basename globs never mirrored")
+# -- what every value must be, before its type ---------------------------------------------------
 
-    restore: str = setting("auto", "restore rule before sync/run", choices=("auto", "skip", "force"))
-    restore_optional: bool = setting(False, "start even when the store cannot be reached")
-    restore_corrupt: str = setting("fail", "a stored object whose bytes fail their sha256: fail the restore, or skip it "
-                                   "(left out, reported, kept in the store)", choices=("fail", "skip"))
-    concurrency: int = setting(16, "uploads/downloads in flight", ge=1, le=256)
-    debounce_ms: int = setting(25, "watcher polling step while idle (ms): first-write latency vs idle CPU", ge=2, le=1000)
-    reconcile_interval: float = setting(120.0, "seconds between local rescans (0: off)", ge=0)
-    full_reconcile_interval: float = setting(3600.0, "seconds between store listings (0: start only)", ge=0)
-    drain_timeout: float = setting(20.0, "seconds to flush pending work on shutdown", ge=0)
-    fence_window: float = setting(2.0, "seconds a proof of store ownership is trusted", gt=0)
-    fence_margin: float = setting(8.0, "extra wait before writing after a recently active owner", ge=0)
-    max_file_size: int = setting(256 * 1024 * 1024, "files larger than this are not mirrored", ge=1)
-    http_addr: str = setting(f"127.0.0.1:{DEFAULT_HTTP_PORT}", "host:port of /livez /readyz /metrics ('' to disable)")
-    log_level: str = setting("info", "log level", choices=("debug", "info", "warning", "error"))
-    log_format: str = setting("auto", "auto (json unless a terminal), json, text", choices=("auto", "json", "text"))
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
-    #: resolved by :func:`load` from ``prefix``, ``session_namespace`` and the environment
-    namespace: Namespace = field(default_factory=Namespace, metadata={"derived": True})
+
+def _text(v: Any) -> Any:
+    """A raw value: UTF-8 text without control characters (NUL, newline...), at most
+    MAX_VALUE_CHARS."""
+    if isinstance(v, str):
+        if _CONTROL.search(v):
+            raise ValueError("must not contain control characters (NUL, newline, tab...)")
+        if len(v) > MAX_VALUE_CHARS:
+            raise ValueError(f"longer than {MAX_VALUE_CHARS} characters ({len(v)})")
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError:  # os.environ's surrogate escapes of bytes that are not UTF-8
+            raise ValueError("must be UTF-8 text (it holds bytes that are not)") from None
+    return v
+
+
+def _word(v: Any) -> Any:
+    """A number, a boolean or a choice: surrounding blanks do not count, nor does case."""
+    v = _text(v)
+    return v.strip().lower() if isinstance(v, str) else v
+
+
+def _finite(v: Any) -> Any:
+    """A duration: a finite number (``nan`` and ``inf`` are refused before any bound)."""
+    v = _word(v)
+    if isinstance(v, str):
+        try:
+            number = float(v)
+        except ValueError:
+            return v  # the type check says what is wrong
+        if number != number or number in (float("inf"), float("-inf")):
+            if v.isdigit():  # too many digits for a float
+                raise ValueError(f"must be at most {_num(MAX_SECONDS)}; got {_num(v)}")
+            raise ValueError(f"must be a finite number, got {shown(v)}")
+    return v
+
+
+def _integer(v: Any) -> Any:
+    """A whole number may be written as one: ``8.0``, ``1e9``."""
+    v = _word(v)
+    if isinstance(v, str) and not v.lstrip("+-").isdigit():
+        try:
+            number = float(v)
+        except ValueError:
+            return v  # the type check says what is wrong
+        if number.is_integer() and abs(number) < 2**63:
+            return int(number)
+    return v
+
+
+def _comma_list(v: Any) -> Any:
+    v = _text(v)
+    if isinstance(v, str):
+        return [p.strip() for p in v.split(",") if p.strip()]
+    return v
+
+
+Text = Annotated[str, BeforeValidator(_text)]
+Int = Annotated[int, BeforeValidator(_integer)]
+Seconds = Annotated[float, BeforeValidator(_finite), Field(ge=0, le=MAX_SECONDS, allow_inf_nan=False)]
+Bool = Annotated[bool, BeforeValidator(_word)]
+Words = Annotated[list[str], NoDecode, BeforeValidator(_comma_list)]  # "a,b" in the environment, not JSON
+
+
+def _choice(*values: str) -> Any:
+    return Annotated[Literal[values], BeforeValidator(_word)]  # type: ignore[valid-type]
+
+
+Layout = _choice(*LAYOUTS)
+Commit = _choice("auto", "per-file", "snapshot")
+SessionNamespace = _choice("auto", "off")
+RestoreRule = _choice("auto", "skip", "force")
+CorruptRule = _choice("fail", "skip")
+LogLevel = _choice("debug", "info", "warning", "error")
+LogFormat = _choice("auto", "json", "text")
+PositiveSeconds = Annotated[Seconds, Field(gt=0)]
+
+
+# -- the environment a load() reads ----------------------------------------------------------------
+
+_ENVIRON: ContextVar[Mapping[str, str] | None] = ContextVar("sidecar_config_environ", default=None)
+
+
+class _Environment(EnvSettingsSource):
+    """pydantic-settings' environment source over the mapping :func:`load` was given."""
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        environ = _ENVIRON.get()
+        environ = os.environ if environ is None else environ
+        return {k if self.case_sensitive else k.lower(): v for k, v in environ.items()}
+
+
+def _doc(default: str) -> dict[str, Any]:
+    """``json_schema_extra`` naming a default the way the help and the README show it (for a
+    default that is computed)."""
+    return {"doc_default": default}
+
+
+class Settings(BaseSettings):
+    """Every setting of the sidecar, declared once; build it with :func:`load`. A field's
+    description is its help text; ``doc_default`` names a computed default as documented."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, case_sensitive=False, frozen=True, extra="forbid",
+        # argparse parses the flags (cli.py): cli_parse_args stays unset, as any value, False
+        # included, makes pydantic-settings build a parser of its own on every instantiation
+        env_file=None, secrets_dir=None, validate_default=False, hide_input_in_errors=True,
+    )
+
+    store: Text = Field(default_factory=default_store, description="file:///dir, a path, or an Azure Blob "
+                        "container URL https://<account>.blob.core.windows.net/<container>[/<prefix>]",
+                        json_schema_extra=_doc("$XDG_STATE_HOME/checkpoint-sidecar/store"))
+    layout: Layout = Field("agent-framework", description="which host's state to mirror: agent-framework "
+                           "(.checkpoints,.function_approvals) or agentserver ($AGENTSERVER_STATE_ROOT)")
+    roots: Words = Field(default_factory=list, description="comma-separated trees to mirror (overrides the layout)",
+                         json_schema_extra=_doc("from the layout"))
+    commit: Commit = Field(
+        "auto", description="per-file, or snapshot: crash-consistent across files (auto: snapshot for agentserver)")
+    prefix: Text = Field("", description="namespace inside the store; may refer to variables, e.g. 'agents/{POD_NAME}'")
+    session_namespace: SessionNamespace = Field(
+        "auto", description="auto: each platform session (FOUNDRY_AGENT_SESSION_ID) in <prefix>/<agent>/<session>; "
+                            "off: the prefix as written")
+    ignore: Words = Field(default_factory=lambda: list(DEFAULT_IGNORE), description="comma-separated basename globs "
+                          "never mirrored", json_schema_extra=_doc(",".join(DEFAULT_IGNORE)))
+
+    restore: RestoreRule = Field(
+        "auto", description="restore rule: auto fills empty roots from the store, skip, force")
+    restore_optional: Bool = Field(False, description="start even when the store cannot be reached (not recommended)")
+    restore_corrupt: CorruptRule = Field(
+        "fail", description="a stored object whose bytes fail their sha256: fail the restore, or skip it "
+                            "(left out, reported, kept in the store)")
+    concurrency: Int = Field(16, ge=1, le=256, description="store operations in flight (uploads, downloads)")
+    debounce_ms: Int = Field(25, ge=2, le=1000,
+                             description="watcher polling step while idle, ms: first-write latency vs idle CPU")
+    reconcile_interval: Seconds = Field(120.0, description="seconds between local rescans (0: off)")
+    full_reconcile_interval: Seconds = Field(3600.0, description="seconds between store listings (0: at start only)")
+    drain_timeout: Seconds = Field(20.0, description="seconds to flush pending work on shutdown")
+    fence_window: PositiveSeconds = Field(2.0, description="seconds a proof of store ownership is trusted")
+    fence_margin: Seconds = Field(8.0, description="extra seconds to wait before writing after a recently active owner")
+    max_file_size: Int = Field(256 * 1024 * 1024, ge=1, le=2**63 - 1,
+                               description="bytes; larger files are not mirrored")
+    http_addr: Text = Field(f"127.0.0.1:{DEFAULT_HTTP_PORT}",
+                            description="host:port of /livez /readyz /metrics ('' disables)")
+    log_level: LogLevel = Field("info", description="log level")
+    log_format: LogFormat = Field("auto", description="auto (json unless stderr is a terminal), json, text")
+
+    _namespace: Namespace = PrivateAttr(default_factory=Namespace)
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
+                                   file_secret_settings):
+        """Flags (passed in as init values) over the environment; no .env file, no secrets dir."""
+        return init_settings, _Environment(settings_cls)
+
+    # -- checks beyond type and bounds (a ValueError's text becomes the problem line) -----------
+    @field_validator("store")
+    @classmethod
+    def _check_store(cls, v: str) -> str:
+        return check_store(v)
+
+    @field_validator("prefix")
+    @classmethod
+    def _check_prefix(cls, v: str) -> str:
+        return check_template(v)  # NamespaceError is a ValueError: one line naming SIDECAR_PREFIX
+
+    @field_validator("roots")
+    @classmethod
+    def _check_roots(cls, v: list[str]) -> list[str]:
+        for p in v:
+            _check_path(p, "a root")
+        return v
+
+    @field_validator("http_addr")
+    @classmethod
+    def _check_http_addr(cls, v: str) -> str:
+        parse_host_port(v)
+        return v
 
     # -- derived ---------------------------------------------------------------------------
+    @property
+    def namespace(self) -> Namespace:
+        """Resolved by :func:`load` from ``prefix``, ``session_namespace`` and the environment."""
+        return self._namespace
+
     def root_list(self, cwd: str | None = None) -> list[Root]:
         return make_roots(self.roots or layout_roots(self.layout), cwd or os.getcwd())
 
@@ -120,134 +288,225 @@ class Settings:
         return self.commit == "snapshot" or (self.commit == "auto" and self.layout == "agentserver")
 
     def http_host_port(self) -> tuple[str, int] | None:
-        if not self.http_addr:
-            return None
-        host, _, port = self.http_addr.rpartition(":")
-        return (host.strip("[]") or "127.0.0.1"), int(port)
+        return parse_host_port(self.http_addr)
 
 
-# -- conversion ------------------------------------------------------------------------------------
+# -- single-setting checks -------------------------------------------------------------------------
 
-_TRUE = frozenset({"1", "true", "t", "yes", "y", "on"})
-_FALSE = frozenset({"0", "false", "f", "no", "n", "off"})
+def _check_path(path: str, what: str) -> None:
+    if "\x00" in path:
+        raise ValueError(f"{what} path must not contain NUL")
+    raw = os.path.expanduser(path).encode("utf-8", "surrogateescape")
+    if len(raw) >= PATH_MAX:
+        raise ValueError(f"{what} path is longer than {PATH_MAX - 1} bytes")
+    if any(len(part) > NAME_MAX for part in raw.split(b"/")):
+        raise ValueError(f"{what} path has a component longer than {NAME_MAX} bytes")
 
 
-def _convert(kind: str, raw: Any) -> Any:
-    """``raw`` (a string from the environment, or a flag's value) as ``kind``; ValueError if not."""
-    if kind == "str":
-        if not isinstance(raw, str):
-            raise ValueError(f"must be text, got {raw!r}")
-        return raw
-    if kind == "list[str]":
-        if isinstance(raw, str):
-            return [p.strip() for p in raw.split(",") if p.strip()]
-        if isinstance(raw, (list, tuple)) and all(isinstance(p, str) for p in raw):
-            return list(raw)
-        raise ValueError(f"must be a comma-separated list, got {raw!r}")
-    if kind == "bool":
-        if isinstance(raw, bool):
-            return raw
-        word = str(raw).strip().lower()
-        if word in _TRUE:
-            return True
-        if word in _FALSE:
-            return False
-        raise ValueError(f"must be true or false, got {raw!r}")
-    if kind == "int":
-        if isinstance(raw, bool) or not isinstance(raw, (int, str)):
-            raise ValueError(f"must be a whole number, got {raw!r}")
+def check_store(v: str) -> str:
+    """``SIDECAR_STORE`` stripped, once it names a usable directory or a URL of a known scheme.
+    The messages never show the value: a URL may carry a SAS token."""
+    v = v.strip()
+    if not v:
+        raise ValueError("must not be empty")
+    try:
+        parts = urlsplit(v)
+    except ValueError:  # e.g. an unclosed '[' in the host
+        raise ValueError("not a valid URL (a bracketed host is not closed?)") from None
+    kind = store_kind(v)  # ValueError naming the scheme only
+    if kind == "directory":
+        if parts.scheme:
+            if parts.netloc not in ("", "localhost"):
+                host = shown(parts.hostname or "", 60)
+                raise ValueError(f"a file: URL must be file:///absolute/path; this one names the host {host} "
+                                 "(file://relative/x is not a relative path)")
+            if not parts.path.startswith("/"):
+                raise ValueError("a file: URL must be file:///absolute/path")
+        _check_path(directory_of(v), "the store")
+    elif not parts.hostname:
+        raise ValueError(f"an {parts.scheme}: store URL needs a host: https://<account>.blob.core.windows.net/<container>")
+    return v
+
+
+_HOST = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,252})?$")
+
+
+def parse_host_port(addr: str) -> tuple[str, int] | None:
+    """``SIDECAR_HTTP_ADDR`` as (host, port): ``host:port``, ``[v6]:port`` or ``:port`` (loopback);
+    None when empty (disabled); ValueError saying what is wrong."""
+    if addr == "":
+        return None
+    expected = f"expected host:port, [IPv6]:port or '' (disabled), e.g. 127.0.0.1:{DEFAULT_HTTP_PORT}; got {shown(addr)}"
+    head, sep, port = addr.rpartition(":")
+    if not sep or not port.isascii() or not port.isdigit():
+        raise ValueError(expected)
+    if head.startswith("[") or head.endswith("]"):
+        if not (head.startswith("[") and head.endswith("]")):
+            raise ValueError(expected)
+        host = head[1:-1]
         try:
-            return int(raw)
+            ipaddress.IPv6Address(host)
         except ValueError:
-            pass
-        try:  # "8.0" is a whole number too
-            value = float(raw)
-        except ValueError:
-            value = math.nan
-        if not value.is_integer():
-            raise ValueError(f"must be a whole number, got {raw!r}")
-        return int(value)
-    if kind == "float":
-        if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
-            raise ValueError(f"must be a number, got {raw!r}")
-        try:
-            value = float(raw)
-        except ValueError:
-            raise ValueError(f"must be a number, got {raw!r}") from None
-        if math.isnan(value):
-            raise ValueError("must be a number, got nan")
-        return value
-    raise AssertionError(f"no conversion for {kind}")  # a new field type needs one here
+            raise ValueError(f"{shown(host)} is not an IPv6 address; {expected}") from None
+    else:
+        host = head
+        if ":" in host:
+            raise ValueError(f"an IPv6 address goes in brackets, e.g. [::1]:{DEFAULT_HTTP_PORT}; got {shown(addr)}")
+        if host and not _HOST.match(host):
+            raise ValueError(expected)
+    if len(port) > 5 or int(port) > 65535:
+        raise ValueError(f"the port must be 0-65535; got {shown(addr)}")
+    return (host or "127.0.0.1"), int(port)
 
 
-def _num(value: float) -> str:
-    """A number for a message: ``2``, ``0.5``, ``inf``; a huge integer shortened, never an error."""
-    if isinstance(value, float):
-        return f"{value:g}"
-    text = str(value)
-    return text if len(text) <= 24 else f"{text[:8]}...({len(text)} digits)"
+# -- what the CLI and the docs show ----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SettingDoc:
+    """One setting as the CLI and the README present it."""
+
+    name: str
+    variable: str
+    flag: str
+    help: str
+    default: str  # as documented: `16`, `empty`, `from the layout`...
+    choices: tuple[str, ...]
+    kind: str  # "text", "list", "int", "float", "bool", "choice"
 
 
-def _check(value: Any, meta: dict[str, Any]) -> Any:
-    if meta["choices"]:
-        value = value.lower()
-        if value not in meta["choices"]:
-            raise ValueError(f"must be one of {', '.join(meta['choices'])}; got {value!r}")
-    if meta["ge"] is not None and value < meta["ge"]:
-        raise ValueError(f"must be at least {_num(meta['ge'])}; got {_num(value)}")
-    if meta["le"] is not None and value > meta["le"]:
-        raise ValueError(f"must be at most {_num(meta['le'])}; got {_num(value)}")
-    if meta["gt"] is not None and value <= meta["gt"]:
-        raise ValueError(f"must be more than {_num(meta['gt'])}; got {_num(value)}")
-    if meta["check"] is not None:
-        value = meta["check"](value)
-    return value
+def _kind(annotation: Any) -> tuple[str, tuple[str, ...]]:
+    args = get_args(annotation)
+    if args and all(isinstance(a, str) for a in args):
+        return "choice", args
+    names = {str: "text", int: "int", float: "float", bool: "bool"}
+    return names.get(annotation, "list"), ()
 
 
-def _settings(overrides: dict[str, Any], env: dict[str, str], problems: list[str]) -> Settings | None:
-    from_env = {k.upper(): v for k, v in env.items() if k.upper().startswith(ENV_PREFIX)}
-    values: dict[str, Any] = {}
-    for f in fields(Settings):
-        if f.metadata.get("derived"):
-            continue
-        variable = ENV_PREFIX + f.name.upper()
-        if overrides.get(f.name) is not None:
-            raw = overrides[f.name]
-        elif variable in from_env:
-            raw = from_env[variable]
-        else:
-            raw = f.default_factory() if f.default is MISSING else f.default  # type: ignore[misc]
-        try:
-            values[f.name] = _check(_convert(f.type, raw), f.metadata)  # type: ignore[arg-type]
-        except ValueError as e:
-            problems.append(f"{variable}: {e}")
-    unknown = sorted(set(overrides) - {f.name for f in fields(Settings)})
-    if unknown:
-        raise TypeError(f"unknown settings {unknown}")  # a bug in the caller, not the operator's input
-    return None if problems else Settings(**values)
+def _shown_default(value: Any) -> str:
+    if value == "":
+        return "empty"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
 
 
-def unknown_variables(env: dict[str, str] | None = None) -> list[str]:
-    """``SIDECAR_*`` variables that name no setting (a typo such as ``SIDECAR_STOR``): ignored,
-    and worth a warning."""
+@functools.cache
+def setting_docs() -> tuple[SettingDoc, ...]:
+    """Every setting, in declaration order, for flags, their help and the README table."""
+    out = []
+    for name, f in Settings.model_fields.items():
+        kind, choices = _kind(f.annotation)
+        extra = f.json_schema_extra if isinstance(f.json_schema_extra, dict) else {}
+        default = str(extra.get("doc_default") or _shown_default(f.default))
+        out.append(SettingDoc(name, ENV_PREFIX + name.upper(), "--" + name.replace("_", "-"),
+                              f.description or "", default, choices, kind))
+    return tuple(out)
+
+
+SETTING_NAMES = tuple(Settings.model_fields)
+VARIABLES = {ENV_PREFIX + n.upper(): n for n in SETTING_NAMES}
+
+
+# -- load ------------------------------------------------------------------------------------------
+
+def _num(value: Any) -> str:
+    """A number for a message: ``2``, ``0.5``; a huge integer shortened, never an error."""
+    text = str(value).strip()
+    if text.lstrip("-").isdigit():
+        digits = text.lstrip("-")
+        return text if len(digits) <= 24 else f"{text[:8]}...({len(digits)} digits)"
+    try:
+        number = float(text)
+    except ValueError:
+        return shown(text)
+    return str(int(number)) if number.is_integer() and abs(number) < 1e16 else f"{number:g}"
+
+
+def _problem(err: dict[str, Any]) -> str:
+    """One pydantic error as ``SIDECAR_X: <what is wrong>``."""
+    name = str(err["loc"][0]) if err["loc"] else ""
+    variable = ENV_PREFIX + name.upper()
+    kind, ctx, value = err["type"], err.get("ctx") or {}, err.get("input")
+    secret = name == "store"
+    got = "" if secret else f", got {shown(value)}"
+    if kind == "value_error":  # our own checks' messages: one line each
+        return f"{variable}: {ctx.get('error', err['msg'])}".splitlines()[0]
+    if kind in ("greater_than_equal", "less_than_equal", "greater_than"):
+        words = {"greater_than_equal": ("at least", "ge"), "less_than_equal": ("at most", "le"),
+                 "greater_than": ("more than", "gt")}[kind]
+        return f"{variable}: must be {words[0]} {_num(ctx[words[1]])}; got {_num(value)}"
+    if kind == "int_parsing_size":  # more digits than any bound: say which bound
+        f = Settings.model_fields[name]
+        le = next((m.le for m in f.metadata if getattr(m, "le", None) is not None), None)
+        if le is not None and str(value).strip().isdigit():
+            return f"{variable}: must be at most {_num(le)}; got {_num(value)}"
+        return f"{variable}: must be a whole number{got}"
+    if kind.startswith("int_"):
+        return f"{variable}: must be a whole number{got}"
+    if kind == "finite_number":
+        return f"{variable}: must be a finite number{got}"
+    if kind.startswith("float_"):
+        return f"{variable}: must be a number{got}"
+    if kind.startswith("bool_"):
+        return f"{variable}: must be true or false{got}"
+    if kind == "literal_error":
+        choices = _kind(Settings.model_fields[name].annotation)[1]
+        return f"{variable}: must be one of {', '.join(choices)}; got {shown(value)}"
+    if kind == "string_unicode":
+        return f"{variable}: must be UTF-8 text (it holds bytes that are not)"
+    if kind in ("string_type", "list_type"):
+        return f"{variable}: must be text{got}"
+    return f"{variable}: {err['msg'].splitlines()[0]}"  # a type this list does not know yet
+
+
+def unknown_variables(env: Mapping[str, str] | None = None) -> list[str]:
+    """``SIDECAR_*`` variables that name no setting (a typo such as ``SIDECAR_STOR``)."""
     env = os.environ if env is None else env
-    known = {ENV_PREFIX + f.name.upper() for f in fields(Settings) if not f.metadata.get("derived")}
-    return sorted(k for k in env if k.upper().startswith(ENV_PREFIX) and k.upper() not in known)
+    return sorted(k for k in env if k.upper().startswith(ENV_PREFIX) and k.upper() not in VARIABLES)
 
 
-def load(overrides: dict[str, object] | None = None, cwd: str | None = None,
-         env: dict[str, str] | None = None) -> tuple[Settings, list[Root]]:
-    """Settings from the environment with ``overrides`` (CLI flags) on top, fully validated.
+def _unknown_problem(variable: str) -> str:
+    import difflib  # only on this error path
+
+    near = difflib.get_close_matches(variable.upper(), VARIABLES, n=1, cutoff=0.6)
+    hint = f" (did you mean {near[0]}?)" if near else " (the settings: see checkpoint-sidecar --help)"
+    return f"{_escaped(variable, 60)}: not a checkpoint-sidecar setting{hint}"
+
+
+def load(overrides: Mapping[str, object] | None = None, cwd: str | None = None,
+         env: Mapping[str, str] | None = None) -> tuple[Settings, list[Root]]:
+    """Settings from the environment with ``overrides`` (CLI flags, by setting name; None: not
+    given) on top, fully validated, and the roots they name.
 
     Raises :class:`ConfigError` listing every problem, one line each.
     """
-    problems: list[str] = []
     env = os.environ if env is None else env
-    settings = _settings(overrides or {}, env, problems)
-    if settings is None:
-        raise ConfigError(problems)
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    unknown = sorted(set(given) - set(SETTING_NAMES))
+    if unknown:
+        raise TypeError(f"unknown settings {unknown}")  # a bug in the caller, not the operator's input
+    problems = [_unknown_problem(k) for k in unknown_variables(env)]
+    store_set = "store" in given or any(k.upper() == "SIDECAR_STORE" for k in env)
+    if not store_set:
+        given["store"] = default_store(env)
+        platform = next((v for v in PLATFORM_VARIABLES if env.get(v)), None)
+        if platform:
+            problems.append(
+                f"SIDECAR_STORE: not set, and {platform} says this runs on a container platform, where the "
+                f"default ({default_store(env)}) is on the container's own disk and goes with it: set SIDECAR_STORE "
+                "to a mounted volume or an Azure Blob container URL")
+    token = _ENVIRON.set(env)
     try:
-        settings = replace(settings, namespace=resolve(settings.prefix, env, settings.session_namespace))
+        settings = Settings(**given)
+    except ValidationError as e:
+        problems += [_problem(err) for err in e.errors(include_url=False)]
+        raise ConfigError(problems) from None
+    finally:
+        _ENVIRON.reset(token)
+    try:
+        settings._namespace = resolve(settings.prefix, env, settings.session_namespace)
     except NamespaceError as e:
         problems.append(f"{e.variable}: {e}")
     roots: list[Root] = []
@@ -265,11 +524,6 @@ def load(overrides: dict[str, object] | None = None, cwd: str | None = None,
                     f"SIDECAR_STORE: {store_dir} overlaps the mirrored root {r.path}; "
                     "put the store outside every root"
                 )
-    if settings.http_addr:
-        try:
-            settings.http_host_port()
-        except ValueError:
-            problems.append(f"SIDECAR_HTTP_ADDR: expected host:port, got {settings.http_addr!r}")
     if problems:
         raise ConfigError(problems)
     return settings, roots

@@ -32,13 +32,13 @@ def directory_of(url: str) -> str:
     return os.path.expanduser(url)
 
 
-def make_store(url: str, prefix: str = "") -> Store:
-    """A store object for ``url`` (not yet opened)."""
+def make_store(url: str, prefix: str = "", read_only: bool = False) -> Store:
+    """A store object for ``url`` (not yet opened); ``read_only``: opening it creates nothing."""
     kind = store_kind(url)
     if kind == "directory":
         from sidecar.store.directory import DirectoryStore
 
-        return DirectoryStore(directory_of(url), prefix)
+        return DirectoryStore(directory_of(url), prefix, create=not read_only)
     from sidecar.store.azure import AzureBlobStore
 
     return AzureBlobStore.from_url(url, prefix)

@@ -165,7 +165,11 @@ def _write_atomic(path: str, data: bytes, mode: int = 0o600, mtime_ns: int | Non
 
 
 class DirectoryStore:
-    def __init__(self, base: str, prefix: str = "") -> None:
+    """``create=False`` (a read-only use such as ``status``): :meth:`open` makes no directory,
+    and a store that does not exist yet lists as empty."""
+
+    def __init__(self, base: str, prefix: str = "", create: bool = True) -> None:
+        self.create = create
         self.base = os.path.abspath(base)
         self.prefix = prefix.strip("/")
         self.top = os.path.join(self.base, self.prefix) if self.prefix else self.base
@@ -202,13 +206,26 @@ class DirectoryStore:
             if not data:
                 continue
             if not last and stat.S_ISREG(st.st_mode):  # an object "a" where "a/b" must go
+                self._check_objects(here, ["/".join(rel[:i + 1])])
                 _remove_durably(here)
                 _remove_durably(_meta_path(self.top, "/".join(rel[:i + 1])))
                 return
             if last and stat.S_ISDIR(st.st_mode):  # objects "a/..." where "a" must go
+                below = []
+                for dirpath, _dirs, files in os.walk(here):
+                    below += [os.path.relpath(os.path.join(dirpath, f), self.top) for f in files]
+                self._check_objects(here, below)
                 shutil.rmtree(here)
                 shutil.rmtree(os.path.join(self.top, META_DIR, *rel), ignore_errors=True)
                 _fsync_dir(os.path.dirname(here))
+
+    def _check_objects(self, where: str, keys: list[str]) -> None:
+        """Only stored objects (with their records) may be replaced: anything else in the way is
+        not ours to remove."""
+        for key in keys:
+            if not os.path.exists(_meta_path(self.top, key)):
+                raise StoreError(f"directory store {self.top}: {os.path.relpath(where, self.top)!r} is in the way "
+                                 "and is not a stored object (something else wrote it); remove it")
 
     def _clean_temps(self) -> None:
         """Remove the temp files that crashed writers left (once, before this writer's first put)."""
@@ -243,6 +260,10 @@ class DirectoryStore:
     # -- interface -------------------------------------------------------------------------
     async def open(self) -> None:
         def check() -> None:
+            if not self.create:
+                if os.path.exists(self.top) and not os.access(self.top, os.R_OK | os.X_OK):
+                    raise PermissionError(errno.EACCES, "not readable", self.top)
+                return
             os.makedirs(self.top, exist_ok=True)
             if not os.access(self.top, os.W_OK | os.X_OK):
                 raise PermissionError(errno.EACCES, "not writable", self.top)

@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 
 from sidecar.config import ConfigError, load
@@ -86,24 +88,46 @@ def test_types_bounds_and_choices_one_line_each(tmp_path):
         "SIDECAR_FENCE_WINDOW": "must be more than 0; got 0",
         "SIDECAR_RESTORE_OPTIONAL": "must be true or false, got 'maybe'",
         "SIDECAR_COMMIT": "must be one of auto, per-file, snapshot; got 'sometimes'",
-        "SIDECAR_DRAIN_TIMEOUT": "must be a number, got nan",
+        "SIDECAR_DRAIN_TIMEOUT": "must be a finite number, got 'nan'",
         "SIDECAR_STORE": "must not be empty",
     }
 
 
-def test_every_setting_has_a_flag_and_a_documented_variable():
-    from dataclasses import fields
-    from pathlib import Path
-
-    from sidecar.cli import _flag_map
-    from sidecar.config import Settings
-
-    names = {f.name for f in fields(Settings) if not f.metadata.get("derived")}
-    flags = {dest for _flag, dest, _kw in _flag_map()} | {"restore", "restore_optional"}
-    assert flags == names
+def _readme_defaults() -> dict[str, str]:
+    """``SIDECAR_X`` -> its default cell, from the README's configuration table (a row may
+    document two variables: `A` / `B` with defaults `1` / `2`)."""
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    assert [n for n in names if f"SIDECAR_{n.upper()}" not in readme] == []
-    assert all(f.metadata["help"] for f in fields(Settings) if not f.metadata.get("derived"))
+    table = readme.split("## Configuration", 1)[1].split("\n\n| variable |", 1)[1].split("\n\n", 1)[0]
+    out = {}
+    for row in table.splitlines()[2:]:
+        variables, default, _meaning = [c.strip() for c in row.strip("|").split(" | ", 2)]
+        names = [v.strip(" `") for v in variables.split(" / ")]
+        defaults = default.split(" / ") if len(names) > 1 else [default]
+        out.update(zip(names, defaults))
+    return out
+
+
+def test_every_setting_has_a_flag_and_a_documented_variable():
+    """The model is the one declaration: every setting has a flag (in the commands that use it)
+    whose help names its variable and default, and a README row with the same default."""
+    from sidecar.cli import COMMAND_SETTINGS, build_parser
+    from sidecar.config import SETTING_NAMES, setting_docs
+
+    docs = {d.name: d for d in setting_docs()}
+    assert set(docs) == set(SETTING_NAMES) and all(d.help for d in docs.values())
+    parser = build_parser()
+    for command, sub in parser.commands.items():
+        assert {a.dest for a in sub._actions if a.dest in docs} == set(COMMAND_SETTINGS[command]), command
+        for name in COMMAND_SETTINGS[command]:
+            action = sub._option_string_actions[docs[name].flag]
+            assert f"({docs[name].variable}; default: {docs[name].default})" in action.help % {}
+    assert set(COMMAND_SETTINGS["sync"]) == set(docs)
+    documented = _readme_defaults()
+    assert set(documented) == {d.variable for d in docs.values()}
+    for d in docs.values():
+        cell = documented[d.variable]
+        shown = cell.split("`")[1] if cell.startswith("`") else cell
+        assert shown == d.default, (d.variable, cell)
 
 
 def test_unknown_sidecar_variables_are_named():
@@ -114,8 +138,30 @@ def test_unknown_sidecar_variables_are_named():
 
 
 def test_whole_numbers_written_as_floats_and_huge_numbers(tmp_path):
-    s, _ = load({}, cwd=str(tmp_path), env={"SIDECAR_CONCURRENCY": "8.0", "SIDECAR_STORE": str(tmp_path / "s")})
-    assert s.concurrency == 8
+    s, _ = load({}, cwd=str(tmp_path), env={"SIDECAR_CONCURRENCY": "8.0", "SIDECAR_STORE": str(tmp_path / "s"),
+                                             "SIDECAR_MAX_FILE_SIZE": "1e9"})
+    assert s.concurrency == 8 and s.max_file_size == 1_000_000_000
     with pytest.raises(ConfigError) as e:  # one line, never a traceback
         load({}, cwd=str(tmp_path), env={"SIDECAR_CONCURRENCY": "9" * 400, "SIDECAR_STORE": str(tmp_path / "s")})
     assert e.value.problems == ["SIDECAR_CONCURRENCY: must be at most 256; got 99999999...(400 digits)"]
+
+
+def test_deploy_files_name_only_known_variables():
+    """An unknown SIDECAR_* variable is a config error, so no manifest or image may set one; and
+    the sidecar containers of the platform manifests set the store (no default store there)."""
+    import re
+
+    from sidecar.config import VARIABLES
+
+    repo = Path(__file__).resolve().parents[2]
+    files = [*repo.glob("deploy/**/*.yaml"), repo / "Dockerfile", *repo.glob("examples/**/Dockerfile")]
+    used = {}
+    for f in files:
+        text = f.read_text()
+        for m in re.finditer(r"(?<![{\w])SIDECAR_[A-Z_]+", text):  # not ${SIDECAR_IMAGE}: compose's own
+            used.setdefault(m.group(0), f.relative_to(repo))
+    assert {"SIDECAR_STORE", "SIDECAR_HTTP_ADDR", "SIDECAR_RESTORE"} <= set(used)
+    assert {v: f for v, f in used.items() if v not in VARIABLES} == {}
+    for manifest in ("deploy/kubernetes/base/kustomization.yaml", "deploy/azure-container-apps/containerapp.yaml",
+                     "deploy/compose/compose.yaml"):
+        assert "SIDECAR_STORE" in (repo / manifest).read_text(), manifest

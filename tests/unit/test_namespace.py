@@ -76,7 +76,7 @@ def test_config_errors_are_one_line_naming_the_variable():
     assert e.value.problems == [
         "SIDECAR_PREFIX: refers to {POD_NAME}, which is unset or empty: set it, or remove the reference"]
     with pytest.raises(ConfigError) as e:
-        load({}, env={"FOUNDRY_AGENT_SESSION_ID": "../x"})
+        load({}, env={"FOUNDRY_AGENT_SESSION_ID": "../x", "SIDECAR_STORE": "/mnt/store"})
     assert len(e.value.problems) == 1 and e.value.problems[0].startswith("FOUNDRY_AGENT_SESSION_ID: ")
     with pytest.raises(ConfigError) as e:
         load({}, env={"SIDECAR_PREFIX": "{A{B}}"})

@@ -1,0 +1,130 @@
+"""Configuration mistakes through the real CLI (``python -m sidecar``): one stderr line per
+problem, exit 2, never a traceback; flags per command; no abbreviations; help per command."""
+
+from __future__ import annotations
+
+import pytest
+
+from sidecar.config import SETTING_NAMES
+from tests.support import run_cli, sidecar_env
+from tests.unit.test_config_hostile import ACCEPTED, HOSTILE
+
+PREFIX = "checkpoint-sidecar: config error: "
+
+
+def config_errors(r) -> dict[str, str]:
+    """``{variable: what is wrong}`` from a run that must have failed on its configuration."""
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr and "unexpected" not in r.stderr, r.stderr
+    lines = r.stderr.splitlines()
+    assert lines and all(line.startswith(PREFIX) for line in lines), r.stderr
+    out = dict(line.removeprefix(PREFIX).split(": ", 1) for line in lines)
+    assert len(out) == len(lines), r.stderr  # one line per problem, one problem per variable
+    return out
+
+
+def env_for(tmp_path, **variables: str) -> dict[str, str]:
+    env = sidecar_env(SIDECAR_STORE=str(tmp_path / "store"), HOME=str(tmp_path / "home"),
+                      XDG_STATE_HOME=str(tmp_path / "state"))
+    env.update(variables)
+    return env
+
+
+# Values an environment can carry (NUL cannot: the unit sweep has it).
+SWEEP = [k for k in HOSTILE if "\x00" not in HOSTILE[k] and not any(0xD800 <= ord(c) < 0xE000 for c in HOSTILE[k])]
+
+
+@pytest.mark.parametrize("kind", SWEEP)
+def test_every_setting_with_a_hostile_value_is_one_line_each(kind, tmp_path):
+    """Every setting set to the same hostile value at once: every refused one is reported, one
+    line each, in one run."""
+    work = tmp_path / "work"
+    work.mkdir()
+    value = HOSTILE[kind]
+    env = env_for(tmp_path, **{f"SIDECAR_{n.upper()}": value for n in SETTING_NAMES})
+    errors = config_errors(run_cli("restore", cwd=work, env=env))
+    assert set(errors) == {f"SIDECAR_{n.upper()}" for n in SETTING_NAMES if n not in ACCEPTED[kind]}
+    assert all(len(why) < 300 for why in errors.values()), errors
+
+
+@pytest.mark.parametrize("store, http_addr, prefix", [
+    ("file://relative/x", ":99999", "p" * 2000),
+    ("file://host/x", "host:", None),
+    ("file:///%00x", "[::1", None),
+])
+def test_known_offenders_are_one_line_and_exit_2(store, http_addr, prefix, tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    env = env_for(tmp_path, SIDECAR_STORE=store, SIDECAR_HTTP_ADDR=http_addr)
+    if prefix is not None:
+        env["SIDECAR_PREFIX"] = prefix
+    errors = config_errors(run_cli("restore", cwd=work, env=env))
+    assert set(errors) == {"SIDECAR_STORE", "SIDECAR_HTTP_ADDR"} | ({"SIDECAR_PREFIX"} if prefix else set())
+    assert http_addr in errors["SIDECAR_HTTP_ADDR"]
+
+
+def test_a_typo_in_a_variable_and_an_unset_store_on_a_platform_are_refused(tmp_path):
+    """No silent default store: ``SIDECAR_STOR`` names no setting, and on a container platform
+    the default store would sit on the container's own disk."""
+    work = tmp_path / "work"
+    work.mkdir()
+    env = env_for(tmp_path, SIDECAR_STOR=str(tmp_path / "meant"), KUBERNETES_SERVICE_HOST="10.0.0.1")
+    del env["SIDECAR_STORE"]
+    errors = config_errors(run_cli("sync", cwd=work, env=env))
+    assert errors["SIDECAR_STOR"] == "not a checkpoint-sidecar setting (did you mean SIDECAR_STORE?)"
+    assert "KUBERNETES_SERVICE_HOST" in errors["SIDECAR_STORE"]
+    assert len(errors) == 2
+    assert not (tmp_path / "state").exists() and not (tmp_path / "meant").exists()
+
+
+def test_flags_are_never_abbreviated_and_usage_errors_are_one_line(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    env = env_for(tmp_path)
+    for args, hint in [
+        (("restore", "--stor", str(tmp_path / "elsewhere")), "did you mean --store?"),
+        (("status", "--concurrency", "3"), "--concurrency is not an option of status, only of restore, run, sync"),
+        (("probe", "ready", "--store", "x"), "--store is not an option of probe"),
+        (("probe", "ready", "--timeout", "nan"), "argument --timeout"),
+    ]:
+        r = run_cli(*args, cwd=work, env=env)
+        assert r.returncode == 2, (args, r.stderr)
+        lines = r.stderr.splitlines()
+        assert len(lines) == 1 and hint in lines[0] and "usage error" in lines[0], (args, r.stderr)
+    assert not (tmp_path / "elsewhere").exists()
+
+
+def test_each_command_lists_only_its_flags_with_variables_defaults_and_exit_codes(tmp_path):
+    r = run_cli("probe", "--help", cwd=tmp_path, env=env_for(tmp_path))
+    assert r.returncode == 0, r.stderr
+    usage = r.stdout.split("\n\n", 1)[0]
+    flags = {w.strip("[],") for w in usage.split() if w.startswith(("--", "[--"))}
+    text = " ".join(r.stdout.split())
+    assert {f.split("=")[0] for f in flags} == {"--http-addr", "--log-level", "--log-format", "--timeout"}
+    assert "(SIDECAR_HTTP_ADDR; default: 127.0.0.1:7479)" in text
+    assert ("exit codes: 0 ok, 1 runtime failure, 2 bad configuration, 75 stopped with changes pending; "
+            "run: the child's own code, 128+N for signal N") in text
+
+
+def test_a_variable_of_another_command_is_fine_in_the_environment(tmp_path):
+    """Flags are per command, the environment is shared: status ignores SIDECAR_DRAIN_TIMEOUT."""
+    work = tmp_path / "work"
+    (work / ".checkpoints").mkdir(parents=True)
+    env = env_for(tmp_path, SIDECAR_DRAIN_TIMEOUT="30", SIDECAR_CONCURRENCY="4")
+    r = run_cli("status", cwd=work, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "in sync" in r.stdout
+
+
+def test_status_creates_no_store(tmp_path):
+    """``status`` only reads: a store that does not exist yet is reported empty, not made."""
+    work = tmp_path / "work"
+    (work / ".checkpoints").mkdir(parents=True)
+    env = env_for(tmp_path)
+    del env["SIDECAR_STORE"]  # the default, under XDG_STATE_HOME
+    r = run_cli("status", cwd=work, env=env)
+    assert r.returncode == 0 and "in sync" in r.stdout, r.stdout + r.stderr
+    (work / ".checkpoints" / "a.json").write_text("{}")
+    r = run_cli("status", "--json", cwd=work, env=env)
+    assert r.returncode == 1 and '"pending_upload": [\n        ".checkpoints/a.json"' in r.stdout, r.stdout + r.stderr
+    assert not (tmp_path / "state").exists()
