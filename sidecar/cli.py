@@ -216,7 +216,10 @@ def entry() -> None:
     is closed, the child has exited, every log line is written. Python's own shutdown after that
     (module teardown, freeing every object one by one) took 30-40 ms after a large restore, time
     an init container or a host's start waits for; ``os._exit`` skips it.
+
+    Any of fd 0, 1, 2 found closed gets ``/dev/null`` first (:func:`sidecar.log.ensure_stdio`).
     """
+    log.ensure_stdio()
     code = main()
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -397,7 +400,7 @@ async def _run(settings: Settings, roots: list[Root], cmd: list[str], shutdown: 
             # reconcile come up beside it (that scan, made once the watch is in place, queues
             # anything the child wrote in between), so they add nothing to its start-up time.
             try:
-                child = await Child.spawn(cmd)
+                child = await Child.spawn(cmd, grace=settings.child_stop_grace)
             except SpawnError as e:
                 _fail(str(e))
                 tg.cancel_scope.cancel()

@@ -234,6 +234,8 @@ class Settings(BaseSettings):
     reconcile_interval: Seconds = Field(120.0, description="seconds between local rescans (0: off)")
     full_reconcile_interval: Seconds = Field(3600.0, description="seconds between store listings (0: at start only)")
     drain_timeout: Seconds = Field(20.0, description="seconds to flush pending work on shutdown")
+    child_stop_grace: PositiveSeconds = Field(
+        35.0, description="run: seconds a child gets after a forwarded SIGTERM before SIGKILL (above the host's own 30)")
     fence_window: PositiveSeconds = Field(2.0, description="seconds a proof of store ownership is trusted")
     fence_margin: Seconds = Field(8.0, description="extra seconds to wait before writing after a recently active owner")
     max_file_size: Int = Field(256 * 1024 * 1024, ge=1, le=2**63 - 1,

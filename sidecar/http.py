@@ -1,10 +1,14 @@
 """Health and metrics over HTTP: ``/livez``, ``/readyz``, ``/metrics``, and the ``probe`` command.
 
 A deliberately tiny HTTP/1.1 server on anyio (no web framework): one request per connection,
-GET and HEAD only, the request head bounded to :data:`MAX_REQUEST_BYTES`, every connection bounded
-to :data:`CLIENT_TIMEOUT` seconds and at most :data:`MAX_CONNECTIONS` at once. It runs on the
-daemon's event loop but only ever reads :class:`~sidecar.daemon.Health` and the metrics registry,
-so a slow or hostile client can hold a connection slot, never the sync path.
+GET and HEAD only, the request head bounded to :data:`MAX_REQUEST_BYTES` and to
+:data:`HEAD_TIMEOUT` seconds, every connection to :data:`CLIENT_TIMEOUT` seconds, and at most
+:data:`MAX_CONNECTIONS` at once. When every slot is taken, a new connection evicts the oldest one
+still waiting for its request head: probes send theirs at once and are answered within
+milliseconds, so clients that hold connections open without asking (slowloris, from anywhere on
+the pod network) cannot starve ``/livez`` and get the pod restarted. It runs on the daemon's event
+loop but only ever reads :class:`~sidecar.daemon.Health` and the metrics registry, so a slow or
+hostile client can hold a connection slot for a second at most, never the sync path.
 
     GET /livez    200 while the process works (restoring, or uploader workers and watcher alive)
     GET /readyz   200 once restored and the first reconcile is done; 503 before and while stopping.
@@ -40,7 +44,8 @@ if TYPE_CHECKING:
 MAX_REQUEST_BYTES = 8192  # request line + headers; we never read a body
 CLIENT_TIMEOUT = 5.0  # seconds a client gets to send its request and take the answer
 LINGER_SECONDS = 0.5  # after answering, how long we read and discard what a client still sends
-MAX_CONNECTIONS = 64  # beyond this, new connections are closed at once
+HEAD_TIMEOUT = 1.0  # seconds a client gets to send its whole request head
+MAX_CONNECTIONS = 64  # beyond this, a new connection evicts the oldest still sending its head
 ACCEPT_RETRY_SECONDS = 0.1
 
 ALLOW = "GET, HEAD"
@@ -157,6 +162,8 @@ class _Server:
         self.health = health
         self.degraded = degraded
         self.active = 0
+        #: connections still reading their request head, oldest first (dicts keep insertion order)
+        self.reading: dict[object, anyio.CancelScope] = {}
 
     async def accept_loop(self, listener: SocketListener, tg) -> None:
         while True:
@@ -167,8 +174,11 @@ class _Server:
                 await anyio.sleep(ACCEPT_RETRY_SECONDS)
                 continue
             if self.active >= MAX_CONNECTIONS:
-                await anyio.aclose_forcefully(stream)
-                continue
+                if not self.reading:  # every slot is answering: they are done within a moment
+                    await anyio.aclose_forcefully(stream)
+                    continue
+                oldest = next(iter(self.reading))
+                self.reading.pop(oldest).cancel()  # the oldest slow client makes room
             self.active += 1
             tg.start_soon(self.handle, stream)
 
@@ -189,19 +199,31 @@ class _Server:
                 await anyio.aclose_forcefully(stream)
 
     async def _exchange(self, stream: SocketStream) -> bool:
-        """Read one request head and answer it. False when the client left before asking."""
+        """Read one request head and answer it. False when the client left before asking, did
+        not ask within :data:`HEAD_TIMEOUT`, or was evicted for a newer connection."""
         buf = bytearray()
-        while True:
-            end = _head_end(buf)
-            if end is not None:
-                break
-            if len(buf) > MAX_REQUEST_BYTES:
-                await stream.send(_response(431, "request head too large\n", head_only=False))
-                return True
+        token = object()
+        with anyio.move_on_after(HEAD_TIMEOUT) as head_scope:
+            self.reading[token] = head_scope
             try:
-                buf += await stream.receive(4096)
-            except anyio.EndOfStream:
-                return False
+                while True:
+                    end = _head_end(buf)
+                    if end is not None:
+                        break
+                    if len(buf) > MAX_REQUEST_BYTES:
+                        end = -1
+                        break
+                    try:
+                        buf += await stream.receive(4096)
+                    except anyio.EndOfStream:
+                        return False
+            finally:
+                self.reading.pop(token, None)
+        if head_scope.cancelled_caught:
+            return False
+        if end < 0:
+            await stream.send(_response(431, "request head too large\n", head_only=False))
+            return True
         request_line = bytes(buf[:end]).split(b"\n", 1)[0].rstrip(b"\r")
         try:
             status, body, ctype, extra, head_only = self.route(request_line)
@@ -237,7 +259,7 @@ class _Server:
 
     def readyz(self) -> tuple[int, bytes | str, str]:
         ok, why = readiness(self.health, self.degraded())
-        return (200 if ok else 503), why + "\n", TEXT
+        return (200 if ok else 503), why + _watch_note() + "\n", TEXT
 
     def metrics(self) -> tuple[int, bytes | str, str]:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -247,6 +269,16 @@ class _Server:
         health = self.health
         metrics.READY.set(1.0 if health.ready else 0.0)
         return 200, generate_latest(metrics.REGISTRY), CONTENT_TYPE_LATEST
+
+
+def _watch_note() -> str:
+    """``; watch degraded ...`` while the watcher polls (an inotify limit used up), else ''."""
+    watcher = sys.modules.get("sidecar.watcher")  # never imported here: ``run`` starts its child sooner
+    degraded = getattr(watcher, "DEGRADED", None)
+    if degraded is None or degraded.reason is None:
+        return ""
+    return (f"; watch degraded for {int(time.monotonic() - degraded.since)}s: polling every "
+            f"{watcher.POLL_SECONDS:g}s, {degraded.reason}")
 
 
 _ROUTES = {"/livez": _Server.livez, "/readyz": _Server.readyz, "/metrics": _Server.metrics}

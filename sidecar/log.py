@@ -4,6 +4,10 @@ Every line carries an ``event`` name; fields go in ``extra``-style keyword argum
 
     log.info("uploaded", path=".checkpoints/ctx/1.json", bytes=1234)
 
+Every string that reaches a text line goes through :func:`printable` (a file name with a newline or
+an escape sequence cannot forge a line or drive a terminal); JSON lines are escaped by JSON itself,
+plus the line separators ``str.splitlines`` honours that JSON leaves raw (U+0085, U+2028, U+2029).
+
 Nothing here ever formats a secret: callers pass keys and paths, never credentials, and
 :func:`redact` scrubs anything that looks like one from free text (exception messages).
 """
@@ -12,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import sys
 import time
@@ -32,6 +37,47 @@ def redact(text: str) -> str:
     return text
 
 
+_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def printable(text: str) -> str:
+    """``text`` safe for one line of a log or a terminal: control and other non-printable
+    characters (newlines, ESC, bidi overrides, line separators) as ``\\n``, ``\\x1b``,
+    ``\\u202e``..., undecodable bytes (lone surrogates from ``os.fsdecode``) as ``\\xNN``.
+    Printable text, non-ASCII letters included, is returned unchanged."""
+    if text.isprintable():
+        return text
+    out = []
+    for ch in text:
+        o = ord(ch)
+        if ch in _ESCAPES:
+            out.append(_ESCAPES[ch])
+        elif 0xDC80 <= o <= 0xDCFF:  # a byte that was not UTF-8 (surrogateescape)
+            out.append(f"\\x{o - 0xDC00:02x}")
+        elif ch.isprintable():
+            out.append(ch)
+        elif o < 0x100:
+            out.append(f"\\x{o:02x}")
+        elif o < 0x10000:
+            out.append(f"\\u{o:04x}")
+        else:
+            out.append(f"\\U{o:08x}")
+    return "".join(out)
+
+
+def _no_surrogates(text: str) -> str:
+    """Undecodable bytes as ``\\xNN``: a lone surrogate cannot be written as UTF-8."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+#: characters ``str.splitlines`` breaks on that ``json.dumps(ensure_ascii=False)`` leaves raw
+_JSON_BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
 class _JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, Any] = {
@@ -42,20 +88,47 @@ class _JsonFormatter(logging.Formatter):
         out.update(getattr(record, "fields", {}))
         if record.exc_info and record.exc_info[1] is not None:
             out["error"] = redact(f"{type(record.exc_info[1]).__name__}: {record.exc_info[1]}")
-        return json.dumps(out, default=str, ensure_ascii=False)
+        return _no_surrogates(json.dumps(out, default=str, ensure_ascii=False)).translate(_JSON_BREAKS)
 
 
 class _TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         ts = time.strftime("%H:%M:%S", time.localtime(record.created)) + f".{int(record.msecs):03d}"
-        fields = " ".join(f"{k}={v}" for k, v in getattr(record, "fields", {}).items())
-        line = f"{ts} {record.levelname.lower():7} {record.getMessage()}" + (f"  {fields}" if fields else "")
+        fields = " ".join(f"{printable(str(k))}={printable(str(v))}" for k, v in getattr(record, "fields", {}).items())
+        line = f"{ts} {record.levelname.lower():7} {printable(record.getMessage())}" + (f"  {fields}" if fields else "")
         if record.exc_info and record.exc_info[1] is not None:
-            line += f"  error={redact(str(record.exc_info[1]))}"
+            line += f"  error={printable(redact(str(record.exc_info[1])))}"
         return line
 
 
+def ensure_stdio() -> None:
+    """Put ``/dev/null`` on any of fd 0, 1 and 2 that is closed (``2>&-``), first thing.
+
+    Otherwise the next descriptor opened (a pipe, a socket, the store's file) takes the number and
+    a ``print`` or a log line lands in it, libuv aborts when it closes it (``uv__close: Assertion
+    fd > STDERR_FILENO``), and ``run``'s child inherits it as its stdio. Logs to a closed stderr
+    are thereby dropped; the child gets ``/dev/null`` where the wrapper had nothing."""
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            try:
+                null = os.open(os.devnull, os.O_RDWR)  # the lowest free number: ``fd`` itself
+            except OSError:
+                continue
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+    if sys.stdin is None:
+        sys.stdin = open(0, closefd=False)
+    if sys.stdout is None:
+        sys.stdout = open(1, "w", closefd=False, errors="backslashreplace")
+    if sys.stderr is None:
+        sys.stderr = open(2, "w", closefd=False, errors="backslashreplace")
+
+
 def setup(level: str = "info", fmt: str = "auto", stream: Any = None) -> None:
+    logging.raiseExceptions = False  # a log line that cannot be written (EPIPE) is dropped, never raised
     stream = stream or sys.stderr
     if fmt == "auto":
         fmt = "text" if getattr(stream, "isatty", lambda: False)() else "json"
@@ -70,7 +143,7 @@ def _log(level: int, event: str, fields: dict[str, Any], exc: BaseException | No
     if _LOGGER.isEnabledFor(level):
         for k, v in fields.items():
             if isinstance(v, str):
-                fields[k] = redact(v)
+                fields[k] = redact(v if v.isascii() else _no_surrogates(v))
         _LOGGER.log(level, event, extra={"fields": fields},
                     exc_info=(type(exc), exc, None) if exc is not None else None)
 

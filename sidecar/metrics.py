@@ -48,6 +48,8 @@ def _build() -> dict[str, Any]:
         "RESTORE_SECONDS": Gauge(_P + "restore_duration_seconds", "Duration of the last restore", **r),
         "RESTORED_FILES": Counter(_P + "restored_files", "Files restored from the store", **r),
         "RESTORED_BYTES": Counter(_P + "restored_bytes", "Bytes restored from the store", **r),
+        "WATCH_POLLING": Gauge(_P + "watch_polling", "1 while the roots are rescanned on a timer because an inotify "
+                               "limit (max_user_instances, max_user_watches) is used up, else 0", **r),
         "QUARANTINED": Counter(_P + "restore_quarantined_objects", "Corrupt stored objects left out of a restore "
                                "(SIDECAR_RESTORE_CORRUPT=skip); kept in the store, never deleted", **r),
     }

@@ -1,7 +1,19 @@
 """The process runner: start the wrapped command, forward signals, report its exact exit status.
 
-The child inherits stdio and has the kernel send it SIGTERM if the wrapper dies
-(``PR_SET_PDEATHSIG``): a host must never go on running while nothing mirrors its state.
+The child inherits stdio and has the kernel send it SIGKILL if the wrapper dies
+(``PR_SET_PDEATHSIG``): a host must never go on running while nothing mirrors its state. SIGKILL,
+not SIGTERM: a child that ignores SIGTERM would run on, and nothing is left to escalate once the
+wrapper is gone. The wrapper only dies without its own orderly stop when it is SIGKILLed itself (or
+crashes), and then nothing would mirror what a gracefully stopping child still writes anyway.
+(The signal follows the death of the *thread* that spawned the child: the event loop's, the main
+thread.)
+
+A stop signal forwarded to the child (SIGTERM; SIGINT too when the child has a process group of its
+own) is followed by SIGKILL after :data:`DEFAULT_STOP_GRACE` seconds if the child is still running, so a
+child that ignores it cannot keep the wrapper (and the pod) waiting for ever. The grace must exceed
+the host's own: the agent host waits up to 30 s for requests in flight after SIGTERM. Set it with
+``SIDECAR_CHILD_STOP_GRACE`` (seconds, default 35); keep ``terminationGracePeriodSeconds`` above
+it plus ``--drain-timeout``.
 
 It runs in a process group of its own, so signals reach it once, through us, and reach the
 helpers it starts too; except when the wrapper holds a terminal (``docker run -it``, a shell).
@@ -22,6 +34,10 @@ import signal
 import sys
 
 PR_SET_PDEATHSIG = 1
+DEFAULT_STOP_GRACE = 35.0
+
+
+
 
 try:
     _prctl = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
@@ -42,7 +58,7 @@ def _child_setup(parent_pid: int, own_group: bool) -> None:
     else:
         signal.signal(signal.SIGQUIT, signal.SIG_DFL)  # ignored by the wrapper only
     if _prctl is not None:
-        _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # cannot be ignored: see the module's docstring
         if os.getppid() != parent_pid:  # the parent died before prctl took effect
             os._exit(1)
 
@@ -61,13 +77,17 @@ def _holds_terminal() -> bool:
 
 
 class Child:
-    def __init__(self, proc: asyncio.subprocess.Process, own_group: bool = True) -> None:
+    def __init__(self, proc: asyncio.subprocess.Process, own_group: bool = True,
+                 grace: float = DEFAULT_STOP_GRACE) -> None:
         self.proc = proc
         self.pid = proc.pid
         self.own_group = own_group
+        self._kill_timer: asyncio.TimerHandle | None = None
+        self.grace = grace  # seconds between a forwarded stop signal and SIGKILL
 
     @classmethod
-    async def spawn(cls, argv: list[str], env: dict[str, str] | None = None) -> "Child":
+    async def spawn(cls, argv: list[str], env: dict[str, str] | None = None,
+                    grace: float = DEFAULT_STOP_GRACE) -> "Child":
         parent = os.getpid()
         own_group = not _holds_terminal()
         if not own_group:
@@ -85,13 +105,15 @@ class Child:
             raise SpawnError(f"command not executable: {argv[0]}", 126) from None
         except OSError as e:
             raise SpawnError(f"cannot start {argv[0]}: {e.strerror}", 126) from None
-        return cls(proc, own_group)
+        return cls(proc, own_group, grace)
 
     def send(self, sig: int) -> None:
         """Signal the child's process group (it leads one), so helpers it started hear it too. A
         stop signal is followed by SIGCONT, as systemd does: a stopped child acts on it."""
         if self.proc.returncode is not None:
             return
+        if sig == signal.SIGTERM or (sig == signal.SIGINT and self.own_group):
+            self._arm_kill()
         if not self.own_group:  # sharing our terminal's group: see the module's docstring
             if sig != signal.SIGINT:
                 try:
@@ -106,6 +128,29 @@ class Child:
                 pass
             except PermissionError:
                 os.kill(self.pid, s)
+
+    def _arm_kill(self, grace: float | None = None) -> None:
+        """SIGKILL the child (its group) in ``grace`` seconds unless it has exited by then."""
+        if self._kill_timer is not None:
+            return
+        grace = self.grace if grace is None else grace
+        self._kill_timer = asyncio.get_running_loop().call_later(grace, self._kill_now, grace)
+
+    def _kill_now(self, grace: float) -> None:
+        if self.proc.returncode is not None:
+            return
+        from sidecar import log
+
+        log.warning("child_killed", pid=self.pid, grace_seconds=grace,
+                    detail=f"still running {grace:g}s after the stop signal (SIDECAR_CHILD_STOP_GRACE): SIGKILL")
+        for kill in ((os.killpg, os.kill) if self.own_group else (os.kill,)):
+            try:
+                kill(self.pid, signal.SIGKILL)
+                return
+            except ProcessLookupError:
+                return
+            except PermissionError:
+                continue
 
     async def end_group(self, timeout: float = 2.0) -> None:
         """Once the child has exited: SIGTERM whatever it left running in its process group
@@ -132,4 +177,8 @@ class Child:
             await asyncio.sleep(0.01)
 
     async def wait(self) -> int:
-        return exit_code(await self.proc.wait())
+        try:
+            return exit_code(await self.proc.wait())
+        finally:
+            if self.proc.returncode is not None and self._kill_timer is not None:
+                self._kill_timer.cancel()

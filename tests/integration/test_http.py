@@ -307,6 +307,92 @@ def test_readyz_is_503_while_shutting_down(work):
     assert rc == 75, sc.log()
 
 
+# -- slow clients ---------------------------------------------------------------------------------
+
+class Slowloris:
+    """``n`` connections held open, each sending a request head that never ends; every one the
+    server closes is opened again at once. Bounded: at most ``max_opens`` connections in all,
+    all closed when the block ends."""
+
+    def __init__(self, base: str, n: int = 500, max_opens: int = 20000) -> None:
+        import selectors
+        import threading
+
+        host, port = base.removeprefix("http://").rsplit(":", 1)
+        self.addr, self.n, self.max_opens = (host, int(port)), n, max_opens
+        self.sel = selectors.DefaultSelector()
+        self.opened = 0
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _open(self) -> None:
+        import selectors
+
+        s = socket.socket()
+        s.setblocking(False)
+        s.connect_ex(self.addr)
+        self.sel.register(s, selectors.EVENT_READ | selectors.EVENT_WRITE)
+        self.opened += 1
+
+    def _run(self) -> None:
+        import selectors
+
+        for _ in range(self.n):
+            self._open()
+        while not self.stop.is_set():
+            for key, ev in self.sel.select(0.05):
+                s = key.fileobj
+                if ev & selectors.EVENT_WRITE:  # connected: a head that never ends
+                    try:
+                        s.send(b"GET /livez HTTP/1.1\r\nHost: x\r\n")
+                    except OSError:
+                        pass
+                    self.sel.modify(s, selectors.EVENT_READ)
+                    continue
+                try:
+                    data = s.recv(4096)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    data = b""
+                if not data:  # closed by the server: come back
+                    self.sel.unregister(s)
+                    s.close()
+                    if self.opened < self.max_opens:
+                        self._open()
+
+    def __enter__(self) -> "Slowloris":
+        self.thread.start()
+        wait_for(lambda: self.opened >= self.n, 10, f"{self.n} slow connections")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join(30)
+        for key in list(self.sel.get_map().values()):
+            key.fileobj.close()
+        self.sel.close()
+
+
+def test_probes_answer_under_500_slow_connections(work):
+    """Clients that open connections and never finish a request (slowloris) used to fill every
+    slot (64) for 5 s each, and /livez failed: the kubelet restarts such a pod. The oldest slow
+    connection now makes room for a new one and a request head gets 1 s, so probes are answered."""
+    work, store = work
+    sc, base = start(work, store)
+    try:
+        with Slowloris(base, 500) as slow:
+            for _ in range(10):
+                for path in ("/livez", "/readyz"):
+                    r = httpx.get(base + path, timeout=3)
+                    assert r.status_code == 200, r.text
+            assert slow.opened > 500  # the server did close slow connections
+        assert get(base, "/livez").status_code == 200
+        assert sc.stop() == 0
+    finally:
+        sc.kill()
+
+
 # -- run, and binding -----------------------------------------------------------------------------
 
 def test_run_serves_health_before_the_child_starts(work):
