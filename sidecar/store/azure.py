@@ -31,6 +31,7 @@ import base64
 import binascii
 import hashlib
 import ipaddress
+import logging
 import os
 import random
 import re
@@ -633,6 +634,40 @@ def _service_detail(e: BaseException) -> str:
 def _http_date_ns(value: datetime | None) -> int:
     """Nanoseconds since the epoch of a ``Last-Modified``; 0 when absent."""
     return int(value.timestamp() * 1_000_000_000) if value is not None else 0
+
+
+# ---------------------------------------------------------------------------------------------
+# The SDK's own log records
+# ---------------------------------------------------------------------------------------------
+
+
+class _SdkLogBridge(logging.Handler):
+    """Sends the ``azure`` loggers' records (WARNING and up) to :mod:`sidecar.log`, one redacted
+    line each, instead of Python's last-resort handler (several raw lines on stderr).
+    azure-identity's account of a failed token request comes at debug level: the store's own
+    error says it once, in the line that matters."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = redact(_one_line(record.getMessage(), 400))
+        except Exception:  # a record that cannot be formatted is not worth a crash
+            return
+        if record.name.startswith("azure.identity"):
+            log.debug("azure_sdk", logger=record.name, detail=text)
+        elif record.levelno >= logging.WARNING:
+            log.warning("azure_sdk", logger=record.name, detail=text)
+
+
+def _route_sdk_logs() -> None:
+    sdk = logging.getLogger("azure")
+    if not any(isinstance(h, _SdkLogBridge) for h in sdk.handlers):
+        sdk.addHandler(_SdkLogBridge())
+    sdk.propagate = False
+    if sdk.level == logging.NOTSET or sdk.level < logging.WARNING:
+        sdk.setLevel(logging.WARNING)  # the SDK logs every request at INFO
+
+
+_route_sdk_logs()
 
 
 # ---------------------------------------------------------------------------------------------
