@@ -39,7 +39,7 @@ import ssl
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, AsyncIterator, Callable, Iterable, Mapping
-from urllib.parse import quote, unquote, urlsplit
+from urllib.parse import unquote, urlsplit
 
 import aiohttp
 from azure.core import MatchConditions
@@ -51,8 +51,6 @@ from azure.core.exceptions import (
     ResourceExistsError,
     ResourceModifiedError,
     ResourceNotFoundError,
-    ServiceRequestError,
-    ServiceResponseError,
 )
 from azure.core.pipeline.transport import AioHttpTransport
 from azure.storage.blob import ContentSettings

@@ -6,7 +6,7 @@ HTTP server on 127.0.0.1 that checks the header and the resource and answers wit
 like Entra ID's); everything else is real: the sidecar's ``sync``, ``restore`` and ``run``
 processes with no key, SAS or connection string, azure-identity's ``DefaultAzureCredential``
 chain (which reaches ``ManagedIdentityCredential``), the SDK's bearer policy, and an Azurite of
-this module's own serving https with ``--oauth basic`` (it checks a token's lifetime, issuer and
+the store tests' own serving https (``tls_azurite``) with ``--oauth basic`` (it checks a token's lifetime, issuer and
 audience, not its signature).
 
 The chain tries only the environment's service principal, workload identity and managed identity
@@ -22,7 +22,6 @@ import hashlib
 import hmac
 import json
 import os
-import shutil
 import threading
 import time
 import uuid
@@ -33,7 +32,7 @@ import anyio
 import pytest
 
 from support import Sidecar, disk_tree, run_cli, sidecar_env, wait_for, write_atomic
-from tests.azurite import DEV_ACCOUNT, DEV_KEY, Azurite, AzuriteUnavailable, find_azurite_command, self_signed_cert
+from tests.azurite import DEV_ACCOUNT, DEV_KEY, Azurite
 
 pytestmark = pytest.mark.azure
 
@@ -124,23 +123,6 @@ class TokenEndpoint:
         self.release()
         self._server.shutdown()
         self._server.server_close()
-
-
-@pytest.fixture(scope="module")
-def tls_azurite(tmp_path_factory):
-    """An Azurite of this module's own: https with a self-signed certificate, ``--oauth basic``."""
-    try:
-        find_azurite_command()
-    except AzuriteUnavailable as e:
-        pytest.skip(str(e))
-    where = tmp_path_factory.mktemp("tls-azurite")
-    cert, key = self_signed_cert(str(where))
-    server = Azurite(str(where / "data"), cert=cert, key=key, oauth="basic").start()
-    try:
-        yield server
-    finally:
-        server.stop()
-        shutil.rmtree(where / "data", ignore_errors=True)
 
 
 @pytest.fixture
