@@ -170,6 +170,10 @@ def test_bad_credentials_are_value_errors_without_secrets():
         AzureBlobStore.from_url("https://acct.blob.core.windows.net/ckpt",
                                 env={"AZURE_STORAGE_CONNECTION_STRING": f"garbage;AccountKey={FAKE_KEY}"})
     assert "connection string" in str(e.value) and secrets_absent(str(e.value), FAKE_KEY)
+    with pytest.raises(ValueError) as e:  # a password in the endpoint URL is refused, never echoed
+        AzureBlobStore.from_url("https://acct.blob.core.windows.net/ckpt", env={
+            "AZURE_STORAGE_CONNECTION_STRING": f"AccountName=acct;AccountKey={FAKE_KEY};BlobEndpoint=http://me:pw-s3cret@host:1/acct"})
+    assert "user name or password" in str(e.value) and secrets_absent(str(e.value), "pw-s3cret", FAKE_KEY)
 
 
 # -- redaction -----------------------------------------------------------------------------------
@@ -385,6 +389,23 @@ async def test_unreachable_endpoint_at_open_is_permanent():
         assert secrets_absent(msg, FAKE_KEY)
     finally:
         await store.aclose()
+
+
+@pytest.mark.azure
+async def test_an_untrusted_certificate_is_one_permanent_tls_line_not_retried(tls_azurite):
+    """This process does not trust the TLS Azurite's self-signed certificate."""
+    counter = RequestCounter()
+    store = AzureBlobStore.from_url(f"{tls_azurite.url}/ckpt", env={"AZURE_STORAGE_KEY": DEV_KEY},
+                                    retry_backoff=5.0, request_hook=counter)  # a retry would take seconds
+    try:
+        with pytest.raises(StoreError) as e:
+            await store.open()
+    finally:
+        await store.aclose()
+    assert not isinstance(e.value, TransientStoreError)
+    msg = str(e.value)
+    assert "TLS failure" in msg and "SSL_CERT_FILE" in msg and "'devstoreaccount1'" in msg and "\n" not in msg
+    assert len(counter.requests) == 1
 
 
 @pytest.mark.azure
