@@ -4,7 +4,9 @@ Two things live here, both plain so other conftest files (and ``bench/``) can im
 
 * :class:`Azurite` starts ``node <azurite>/dist/src/blob/main.js`` on 127.0.0.1 with a port and a
   workspace directory of its own, waits until it answers, and can :meth:`Azurite.stop` and
-  :meth:`Azurite.start` again on the same port and location (outage tests).
+  :meth:`Azurite.start` again on the same port and location (outage tests). With ``cert`` and
+  ``key`` it serves https (:func:`self_signed_cert` makes a pair), with ``oauth="basic"`` it also
+  accepts Azure AD bearer tokens (checked for lifetime, issuer and audience, not signature).
 * the session fixture :func:`azurite`, which uses ``AZURITE_BLOB_URL`` (e.g.
   ``http://127.0.0.1:10000/devstoreaccount1``, set by CI) when present and otherwise starts its
   own Azurite; it yields an :class:`AzuriteEndpoint` with the blob endpoint URL and the well-known
@@ -81,10 +83,55 @@ def free_port(host: str = "127.0.0.1") -> int:
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via a proxy
 
 
-def answers(blob_url: str, timeout: float = 1.0) -> bool:
-    """True when something speaking HTTP answers at ``blob_url`` (any status counts)."""
+def self_signed_cert(directory: str, hosts: tuple[str, ...] = ("127.0.0.1", "localhost")) -> tuple[str, str]:
+    """A self-signed certificate for ``hosts`` (IP addresses or names) and its key, written as PEM
+    files into ``directory``: (cert path, key path). The certificate is its own CA: trust it with
+    ``SSL_CERT_FILE`` (or ``connection_verify=`` for an SDK client in the test process)."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, hosts[0])])
+    alt: list[x509.GeneralName] = []
+    for h in hosts:
+        try:
+            alt.append(x509.IPAddress(ipaddress.ip_address(h)))
+        except ValueError:
+            alt.append(x509.DNSName(h))
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName(alt), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = os.path.join(directory, "cert.pem"), os.path.join(directory, "key.pem")
+    with open(cert_path, "wb") as f:
+        f.write(cert.public_bytes(serialization.Encoding.PEM))
+    with open(key_path, "wb") as f:
+        f.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                  serialization.NoEncryption()))
+    return cert_path, key_path
+
+
+def answers(blob_url: str, timeout: float = 1.0, cafile: str | None = None) -> bool:
+    """True when something speaking HTTP answers at ``blob_url`` (any status counts); an https
+    one must present a certificate that ``cafile`` vouches for."""
+    opener = _DIRECT
+    if cafile is not None:
+        import ssl
+
+        context = ssl.create_default_context(cafile=cafile)
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=context))
     try:
-        with _DIRECT.open(f"{blob_url.rstrip('/')}?comp=list", timeout=timeout):
+        with opener.open(f"{blob_url.rstrip('/')}?comp=list", timeout=timeout):
             return True
     except urllib.error.HTTPError:
         return True  # 403 without credentials: it is up
@@ -111,12 +158,16 @@ class Azurite:
     port: int = field(default_factory=free_port)
     host: str = "127.0.0.1"
     startup_timeout: float = 30.0
+    cert: str | None = None  # PEM certificate and key: serve https
+    key: str | None = None
+    oauth: str | None = None  # "basic": accept bearer tokens too (needs https)
     _proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
     _log: object = field(default=None, init=False, repr=False)
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}/{DEV_ACCOUNT}"
+        scheme = "https" if self.cert else "http"
+        return f"{scheme}://{self.host}:{self.port}/{DEV_ACCOUNT}"
 
     @property
     def connection_string(self) -> str:
@@ -145,6 +196,10 @@ class Azurite:
             "--disableTelemetry",
             "--silent",
         ]
+        if self.cert:
+            argv += ["--cert", self.cert, "--key", self.key or ""]
+        if self.oauth:
+            argv += ["--oauth", self.oauth]
         self._log = open(self.log_path, "ab")
         self._proc = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
@@ -157,7 +212,7 @@ class Azurite:
                     f"Azurite exited with status {self._proc.returncode} during startup; "
                     f"see {self.log_path}"
                 )
-            return answers(self.url, timeout=0.5)
+            return answers(self.url, timeout=0.5, cafile=self.cert)
 
         try:
             wait_until(up, self.startup_timeout, what=f"Azurite on port {self.port}")
@@ -183,7 +238,7 @@ class Azurite:
             self._log = None
         # The port must be free again before a restart on it can succeed.
         if proc is not None:
-            wait_until(lambda: not answers(self.url, timeout=0.2), timeout, what="Azurite to stop")
+            wait_until(lambda: not answers(self.url, timeout=0.2, cafile=self.cert), timeout, what="Azurite to stop")
 
     def restart(self) -> "Azurite":
         self.stop()

@@ -13,6 +13,13 @@ and otherwise forwards it on a connection of its own to the upstream and relays 
 (``Content-Length``, ``chunked``, bodiless, or read to close). Every request is recorded in
 :attr:`Proxy.records` (method, path, request ``x-ms-meta-*`` headers, status, what was done).
 
+It is also a forward proxy, as ``HTTP_PROXY`` / ``HTTPS_PROXY`` point clients at one: an
+absolute-form request (``GET http://host/...``) is forwarded in origin form without its
+``Proxy-Authorization``, and ``CONNECT host:port`` opens a tunnel to the upstream (or is refused
+with ``refuse_connect``); :attr:`Proxy.connects` records the CONNECT lines and
+:attr:`Proxy.proxy_auth` every ``Proxy-Authorization`` sent. Whatever host the client names, the
+upstream is the one given: the proxy stands in for DNS as well.
+
 It runs its own asyncio loop on a thread, so tests and sidecar processes can use it from anywhere;
 the knobs are plain attributes, safe to set from the test thread.
 """
@@ -122,7 +129,10 @@ class Proxy:
         self.latency = 0.0
         self.fail_with: list[int] = []
         self.hold = False
+        self.refuse_connect: int | None = None  # answer CONNECT with this status instead of tunnelling
         self.records: list[Record] = []
+        self.connects: list[str] = []  # CONNECT request lines
+        self.proxy_auth: list[str] = []  # Proxy-Authorization values received
         self._fail_cycle = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.AbstractServer | None = None
@@ -222,7 +232,19 @@ class Proxy:
                 if head is None:
                     return
                 request_line, headers = _parse_headers(head)
-                method, target, _version = request_line.split(" ", 2)
+                method, target, version = request_line.split(" ", 2)
+                auth = _get(headers, "proxy-authorization")
+                if auth is not None:
+                    self.proxy_auth.append(auth)
+                if method == "CONNECT":
+                    await self._tunnel(request_line, reader, writer)
+                    return
+                if target.startswith(("http://", "https://")):  # absolute form: as a forward proxy
+                    origin = urlsplit(target)
+                    target = origin.path + (f"?{origin.query}" if origin.query else "")
+                    headers = [(k, v) for k, v in headers if k.lower() != "proxy-authorization"]
+                    head = (f"{method} {target} {version}\r\n" + "".join(f"{k}: {v}\r\n" for k, v in headers)
+                            + "\r\n").encode("latin-1")
                 body = await _read_body(reader, headers, bodiless=False, to_close=False)
                 parts = urlsplit(target)
                 rec = Record(method, unquote(parts.path), parts.query,
@@ -263,6 +285,29 @@ class Proxy:
             for w in (writer, up[1] if up else None):
                 if w is not None:
                     w.close()
+
+    async def _tunnel(self, request_line: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """``CONNECT``: a byte pipe to the upstream, or the refusal the test asked for."""
+        self.connects.append(request_line)
+        if self.refuse_connect is not None:
+            writer.write(f"HTTP/1.1 {self.refuse_connect} Refused\r\nContent-Length: 0\r\n\r\n".encode())
+            await writer.drain()
+            return
+        up_reader, up_writer = await asyncio.open_connection(*self.upstream)
+        writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        await writer.drain()
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            try:
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            except ConnectionError:
+                pass
+            finally:
+                dst.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
 
     async def _wait(self, reader: asyncio.StreamReader) -> None:
         """Apply latency and hold; raise _ClientGone when the client closed meanwhile."""

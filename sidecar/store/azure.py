@@ -12,7 +12,13 @@ nests below the URL's prefix.
 Credentials, first match wins (none is ever logged or shown in an error):
 ``AZURE_STORAGE_CONNECTION_STRING`` (its endpoint replaces the URL's; container and prefix still
 come from the URL), ``AZURE_STORAGE_KEY``, a SAS token (``AZURE_STORAGE_SAS_TOKEN`` or the URL's
-query), else ``DefaultAzureCredential`` (``AZURE_CLIENT_ID`` picks a user-assigned identity).
+query), else ``DefaultAzureCredential`` (``AZURE_CLIENT_ID`` picks a user-assigned identity; see
+:func:`_token_credential` for the sources it tries).
+
+Every request goes through ``azure-storage-blob`` (``azure.storage.blob.aio``): one
+``BlobServiceClient`` per store on one aiohttp session whose connection pool is sized to the
+store's concurrency. The proxy comes from ``HTTPS_PROXY`` / ``HTTP_PROXY`` / ``NO_PROXY`` (see
+:func:`proxy_for`), read once. ``docs/AZURE-STORE.md`` gives the reasons.
 
 Each object is one block blob whose metadata carries ``sidecar_sha256``, ``sidecar_mtime_ns``
 and ``sidecar_mode``. ``sidecar_mtime_ns`` is also the version stamp of the conditional-write rule
@@ -22,22 +28,37 @@ that keeps a stale upload from replacing a newer one (see :meth:`AzureBlobStore.
 from __future__ import annotations
 
 import base64
+import binascii
 import hashlib
 import ipaddress
 import logging
 import os
+import random
 import re
-from dataclasses import dataclass
+import ssl
+from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any, AsyncIterator, Callable, Iterable, Mapping
-from urllib.parse import quote, unquote, urlsplit
-from xml.etree import ElementTree
+from urllib.parse import unquote, urlsplit
 
+import aiohttp
+from azure.core import MatchConditions
+from azure.core.credentials import AzureNamedKeyCredential, AzureSasCredential
+from azure.core.exceptions import (
+    AzureError,
+    ClientAuthenticationError,
+    HttpResponseError,
+    ResourceExistsError,
+    ResourceModifiedError,
+    ResourceNotFoundError,
+)
+from azure.core.pipeline.transport import AioHttpTransport
+from azure.storage.blob import ContentSettings
+from azure.storage.blob.aio import BlobServiceClient, ContainerClient, ExponentialRetry
+
+from sidecar import log
 from sidecar.paths import MAX_KEY_BYTES, UnsafeKey, validate_relpath
-from sidecar.store import blobapi
 from sidecar.store.base import NotFound, ObjectInfo, ObjectMeta, StoreError, TransientStoreError
-from sidecar.store.proxy import Proxy, check as check_proxy_env, proxy_for
-
-log = logging.getLogger(__name__)
 
 # Metadata names must be valid C# identifiers; Azure treats them case-insensitively.
 META_SHA256 = "sidecar_sha256"
@@ -49,12 +70,22 @@ FOREIGN_MODE = 0o600
 
 #: How often put re-reads and retries when concurrent writers keep changing the blob.
 MAX_CONFLICT_ROUNDS = 8
+#: Blobs in the listing's first page (``open()`` fetches it). Small, so that a restore starts
+#: downloading early while the next, full-size pages are fetched: a page of 1,000 blobs with
+#: metadata took the emulator 60-80 ms, one of 250 about 15 ms.
+FIRST_PAGE_RESULTS = 250
+#: Blobs in every other listing page (the service's maximum).
+PAGE_RESULTS = 5000
+#: Blobs up to this size go up in one Put Blob; larger ones as 4 MiB blocks and a conditional commit.
+MAX_SINGLE_PUT_SIZE = 64 * 1024 * 1024
+#: The longest ``Retry-After`` a retry waits for; a longer one is the sidecar's own retry's business.
+RETRY_AFTER_MAX = 30.0
+#: The scope of an Azure AD token for Blob storage.
+STORAGE_SCOPE = "https://storage.azure.com/.default"
+#: Statuses that retrying can fix (the SDK retries 408 and 5xx itself; 429 reaches the sidecar).
+TRANSIENT_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 #: What a connection failure of each kind is called in a message.
 _FAILED = {"dns": "cannot resolve the host", "refused": "connection refused", "timeout": "timed out"}
-#: Blobs in the listing's first page (``open()`` fetches it). Small, so that a restore starts
-#: downloading early while the next, full-size (5,000) pages are fetched: a page of 1,000 blobs
-#: with metadata took the emulator 60-80 ms, one of 250 about 15 ms.
-FIRST_PAGE_RESULTS = 250
 
 _ACCOUNT_RE = re.compile(r"^[a-z0-9]{3,24}$")
 _CONTAINER_RE = re.compile(r"^(?=.{3,63}$)[a-z0-9](?:-?[a-z0-9])*$")
@@ -254,9 +285,16 @@ _DEV_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZF
 class _Credentials:
     source: str  # "connection string" | "account key" | "SAS token" | "DefaultAzureCredential"
     secrets: tuple[str, ...]
-    auth: Any  # a blobapi authorisation: SharedKey, SasToken or BearerToken
+    #: what the SDK client is given: AzureNamedKeyCredential, AzureSasCredential or an async
+    #: token credential (which this store made and closes)
+    credential: Any
     endpoint: str | None = None  # scheme://host[:port][/account] from a connection string
     account: str | None = None
+
+    @property
+    def owned(self) -> Any:
+        """The token credential to close with the store, if any."""
+        return self.credential if self.source == "DefaultAzureCredential" else None
 
     def hint(self, account: str) -> str:
         return {
@@ -267,9 +305,16 @@ class _Credentials:
         }[self.source]
 
 
+def _account_key(account: str, key: str, what: str) -> AzureNamedKeyCredential:
+    try:
+        base64.b64decode(key, validate=True)
+    except (ValueError, binascii.Error):
+        raise ValueError(f"{what} is not an account key (base64)") from None
+    return AzureNamedKeyCredential(account, key)
+
+
 def _from_connection_string(conn: str) -> _Credentials:
     f = _connection_string_fields(conn)
-    secrets = tuple(s for s in (conn, f.get("accountkey"), f.get("sharedaccesssignature")) if s)
     bad = "AZURE_STORAGE_CONNECTION_STRING is not a usable storage connection string"
     if f.get("usedevelopmentstorage", "").lower() == "true":
         f.setdefault("accountname", _DEV_ACCOUNT)
@@ -282,24 +327,66 @@ def _from_connection_string(conn: str) -> _Credentials:
         endpoint = f"{scheme}://{account}.blob.{f.get('endpointsuffix', 'core.windows.net')}"
     if not endpoint:
         raise ValueError(f"{bad}: it names neither BlobEndpoint nor AccountName")
-    parts = urlsplit(endpoint)
+    try:
+        parts = urlsplit(endpoint)
+        parts.port  # noqa: B018  (raises ValueError for a bad port)
+    except ValueError:
+        raise ValueError(f"{bad}: BlobEndpoint must be an http(s) URL") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"{bad}: BlobEndpoint must be an http(s) URL")
+    if parts.username is not None or parts.password is not None:
+        raise ValueError(f"{bad}: BlobEndpoint must not contain a user name or password")
     if not account:
         m = _HOST_STYLE_RE.match(parts.hostname)
         account = m.group("account") if m else (parts.path.strip("/").split("/")[0] or None)
     if not account:
         raise ValueError(f"{bad}: it has no AccountName")
+    secrets = tuple(s for s in (conn, f.get("accountkey"), f.get("sharedaccesssignature")) if s)
     if f.get("accountkey"):
-        auth: Any = blobapi.SharedKey(account, f["accountkey"])
+        credential: Any = _account_key(account, f["accountkey"], f"{bad}: its AccountKey")
     elif f.get("sharedaccesssignature"):
-        auth = blobapi.SasToken(f["sharedaccesssignature"])
+        credential = AzureSasCredential(f["sharedaccesssignature"].lstrip("?"))
     else:
         raise ValueError(f"{bad}: it has neither AccountKey nor SharedAccessSignature")
-    return _Credentials("connection string", secrets, auth, endpoint=endpoint, account=account)
+    return _Credentials("connection string", secrets, credential, endpoint=endpoint, account=account)
 
 
-def _pick_credentials(env: Mapping[str, str], account: str, url_sas: str | None, scheme: str) -> _Credentials:
+#: The ``exclude_*`` flags of :func:`_token_credential`: the developer-tool sources of
+#: DefaultAzureCredential, which a sidecar has no use for (they look for az, pwsh, azd, VS Code
+#: and a shared token cache on the host).
+_DEVELOPER_SOURCES = ("shared_token_cache", "visual_studio_code", "cli", "developer_cli", "powershell")
+
+
+def _token_credential(env: Mapping[str, str], timeout: float) -> Any:
+    """``azure.identity.aio.DefaultAzureCredential`` for a host without key or SAS.
+
+    Unless ``AZURE_TOKEN_CREDENTIALS`` chooses otherwise (azure-identity's own switch: ``dev``,
+    ``prod`` or one credential's name), only the production sources are tried, in the SDK's
+    order: the environment's service principal (``AZURE_TENANT_ID``, ``AZURE_CLIENT_ID``,
+    ``AZURE_CLIENT_SECRET``/certificate), workload identity (``AZURE_FEDERATED_TOKEN_FILE``) and
+    managed identity (``IDENTITY_ENDPOINT`` + ``IDENTITY_HEADER`` on Container Apps and App
+    Service, else the instance metadata service). Token requests time out after ``timeout``
+    seconds, are not retried after a timeout and at most three times after a 5xx, so a broken
+    identity endpoint is one clear error within seconds rather than minutes.
+    Only this function imports azure-identity.
+    """
+    from azure.identity.aio import DefaultAzureCredential
+
+    options: dict[str, Any] = {"connection_timeout": timeout, "read_timeout": timeout,
+                               "retry_total": 3, "retry_read": 0}
+    client_id = env.get("AZURE_CLIENT_ID") or None
+    if client_id:
+        options["managed_identity_client_id"] = client_id
+    if not env.get("AZURE_TOKEN_CREDENTIALS", "").strip():
+        options.update({f"exclude_{name}_credential": True for name in _DEVELOPER_SOURCES})
+    try:
+        return DefaultAzureCredential(**options)
+    except ValueError as e:  # an AZURE_TOKEN_CREDENTIALS value it does not know
+        raise ValueError(_one_line(e, 240)) from None
+
+
+def _pick_credentials(env: Mapping[str, str], account: str, url_sas: str | None, scheme: str,
+                      timeout: float = 10.0) -> _Credentials:
     conn = env.get("AZURE_STORAGE_CONNECTION_STRING", "").strip()
     if conn:
         try:
@@ -308,25 +395,277 @@ def _pick_credentials(env: Mapping[str, str], account: str, url_sas: str | None,
             raise ValueError(redact(str(e), [conn])) from None
     key = env.get("AZURE_STORAGE_KEY", "").strip()
     if key:
-        try:
-            return _Credentials("account key", (key,), blobapi.SharedKey(account, key))
-        except ValueError:
-            raise ValueError("AZURE_STORAGE_KEY is not an account key (base64)") from None
+        return _Credentials("account key", (key,), _account_key(account, key, "AZURE_STORAGE_KEY"))
     sas = env.get("AZURE_STORAGE_SAS_TOKEN", "").strip().lstrip("?") or (url_sas or "").lstrip("?")
     if sas:
         if "sig=" not in sas:
             raise ValueError("AZURE_STORAGE_SAS_TOKEN does not look like a SAS token (it has no sig=)")
         secrets = tuple(s for s in (sas, *re.findall(r"sig=([^&]+)", sas)) if s)
-        return _Credentials("SAS token", secrets, blobapi.SasToken(sas))
+        return _Credentials("SAS token", secrets, AzureSasCredential(sas))
     if scheme != "https":
         raise ValueError("an Azure AD token (DefaultAzureCredential) is only sent over https; use an "
                          "https store URL, or AZURE_STORAGE_CONNECTION_STRING / AZURE_STORAGE_KEY for an emulator")
-    # Only this path imports azure-identity (and, with it, azure-core and aiohttp).
-    from azure.identity.aio import DefaultAzureCredential
+    return _Credentials("DefaultAzureCredential", (), _token_credential(env, timeout))
 
-    client_id = env.get("AZURE_CLIENT_ID") or None
-    cred = DefaultAzureCredential(**({"managed_identity_client_id": client_id} if client_id else {}))
-    return _Credentials("DefaultAzureCredential", (), blobapi.BearerToken(cred))
+
+# ---------------------------------------------------------------------------------------------
+# Proxy
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Proxy:
+    """The HTTP proxy a store's requests go through. ``url`` may hold credentials: a secret."""
+
+    host: str
+    port: int
+    url: str = field(repr=False)
+    secrets: tuple[str, ...] = field(default=(), repr=False)
+
+    @property
+    def description(self) -> str:
+        """``host:port``, for messages: never the credentials."""
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+def _proxy_env(env: Mapping[str, str], name: str) -> str:
+    """The lower-case variable if set (even empty: that turns the proxy off, as in urllib), else
+    the upper-case one."""
+    lower = name.lower()
+    return (env[lower] if lower in env else env.get(name.upper(), "")).strip()
+
+
+def proxy_for(scheme: str, host: str, port: int, env: Mapping[str, str]) -> Proxy | None:
+    """The proxy for ``scheme://host:port``, or None to connect directly.
+
+    ``HTTPS_PROXY`` (``https_proxy``) for https, ``HTTP_PROXY`` (``http_proxy``) for http; the
+    lower-case name wins when both are set, as in curl. ``NO_PROXY`` (``no_proxy``) lists hosts
+    reached directly: ``*``, a host name (which also covers its subdomains; a leading ``.`` or
+    ``*.`` means the same), an IP address or a CIDR network, each optionally with ``:port``.
+    Loopback and ``localhost`` are never proxied. Only ``http://`` proxies; credentials in the URL
+    become ``Proxy-Authorization: Basic``. ``ValueError`` (one line, no credentials) for a proxy
+    URL that cannot be used, whichever host it would be for.
+    """
+    name = "https_proxy" if scheme == "https" else "http_proxy"
+    url = _proxy_env(env, name)
+    if not url:
+        return None
+    proxy = _parse_proxy(name, url)
+    return None if _bypassed(host, port, _proxy_env(env, "no_proxy")) else proxy
+
+
+def _parse_proxy(name: str, url: str) -> Proxy:
+    unusable = (f"{name.upper()} is not an http://[user:password@]host[:port] URL "
+                "(percent-encode special characters in the user name and password)")
+    try:  # no message of urlsplit's is shown: it could quote part of the password
+        parts = urlsplit(url if "://" in url else f"http://{url}")
+        scheme, host, port = parts.scheme.lower(), parts.hostname, parts.port or 80
+    except ValueError:
+        raise ValueError(unusable) from None
+    if scheme != "http":
+        raise ValueError(f"{name.upper()}: only http:// proxies are supported (got {scheme}://)")
+    if not host or parts.path not in ("", "/") or parts.query or parts.fragment:
+        raise ValueError(unusable)
+    netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    secrets: tuple[str, ...] = ()
+    if parts.username is not None:
+        user, password = parts.username, parts.password or ""
+        secrets = tuple(s for s in (password, unquote(password), url) if s)
+        netloc = f"{user}:{password}@{netloc}"
+    return Proxy(host, port, f"http://{netloc}", secrets)
+
+
+def _bypassed(host: str, port: int, no_proxy: str) -> bool:
+    """True when ``host`` is reached directly: loopback, or matched by ``no_proxy``."""
+    host = host.strip("[]").lower().rstrip(".")
+    try:
+        address: Any = ipaddress.ip_address(host)
+    except ValueError:
+        address = None
+    if host == "localhost" or host.endswith(".localhost") or (address is not None and address.is_loopback):
+        return True
+    for entry in no_proxy.split(","):
+        entry = entry.strip().lower()
+        if not entry:
+            continue
+        if entry == "*":
+            return True
+        entry, entry_port = _split_port(entry)
+        if entry_port is not None and entry_port != port:
+            continue
+        entry = entry.strip("[]")
+        if address is not None:
+            try:
+                if address in ipaddress.ip_network(entry, strict=False):
+                    return True
+            except ValueError:
+                pass
+            continue
+        entry = entry.removeprefix("*").lstrip(".").rstrip(".")
+        if entry and (host == entry or host.endswith("." + entry)):
+            return True
+    return False
+
+
+def _split_port(entry: str) -> tuple[str, int | None]:
+    """``host:port`` / ``[v6]:port`` → (host, port); a bare IPv6 address or CIDR keeps its colons."""
+    if entry.startswith("["):
+        inside, _, rest = entry[1:].partition("]")
+        return inside, int(rest[1:]) if rest[1:].isdigit() else None
+    if entry.count(":") == 1:
+        name, _, port = entry.partition(":")
+        if port.isdigit():
+            return name, int(port)
+    return entry, None
+
+
+# ---------------------------------------------------------------------------------------------
+# Failures and retries
+# ---------------------------------------------------------------------------------------------
+
+
+def _code(e: BaseException) -> str | None:
+    """The storage error code (``BlobNotFound``...) of an SDK exception, as a plain string."""
+    code = getattr(e, "error_code", None)
+    code = getattr(code, "value", code)
+    return str(code) if code else None
+
+
+def _cause_chain(e: BaseException) -> list[BaseException]:
+    """``e`` and what it wraps: causes, contexts, the SDK's ``inner_exception``, aiohttp's ``os_error``."""
+    seen: set[int] = set()
+    out: list[BaseException] = []
+    todo: list[Any] = [e]
+    while todo and len(out) < 16:
+        x = todo.pop()
+        if not isinstance(x, BaseException) or id(x) in seen:
+            continue
+        seen.add(id(x))
+        out.append(x)
+        todo.extend([getattr(x, "inner_exception", None), getattr(x, "os_error", None), x.__cause__, x.__context__])
+    return out
+
+
+def _failure(e: BaseException) -> tuple[str, int | None]:
+    """What kind of connection failure ``e`` is: ``proxy`` (the proxy refused the tunnel, with its
+    status), ``tls``, ``dns``, ``refused``, ``timeout`` or ``failed``."""
+    chain = _cause_chain(e)
+    for x in chain:
+        if isinstance(x, aiohttp.ClientHttpProxyError):
+            return "proxy", x.status
+    if any(isinstance(x, (ssl.SSLError, ssl.CertificateError, aiohttp.ClientSSLError)) for x in chain):
+        return "tls", None
+    if any(isinstance(x, aiohttp.ClientConnectorDNSError) or type(x).__name__ == "gaierror" for x in chain):
+        return "dns", None
+    if any(isinstance(x, ConnectionRefusedError) for x in chain):
+        return "refused", None
+    if any(isinstance(x, TimeoutError) or "Timeout" in type(x).__name__ for x in chain):
+        return "timeout", None
+    text = " ".join(str(x) for x in chain).lower()
+    if "name or service not known" in text or "temporary failure in name resolution" in text:
+        return "dns", None
+    if "connection refused" in text or "errno 111" in text:
+        return "refused", None
+    return "failed", None
+
+
+def _retry_after(headers: Mapping[str, str]) -> float | None:
+    """Seconds the service asked to wait (``Retry-After``, or its millisecond forms), if any."""
+    for name, scale in (("retry-after-ms", 0.001), ("x-ms-retry-after-ms", 0.001), ("retry-after", 1.0)):
+        value = headers.get(name)
+        if value:
+            try:
+                return max(float(value) * scale, 0.0)
+            except ValueError:
+                continue  # an HTTP date: the exponential schedule applies
+    return None
+
+
+class _Retry(ExponentialRetry):
+    """The SDK's storage retry policy (it retries connection errors, timeouts, 408 and 5xx;
+    not 429, which the sidecar's own retry takes) with this schedule: the ``Retry-After`` of
+    the failed answer when it has one (at most :data:`RETRY_AFTER_MAX`), else ``base * 2**(n-1)``
+    seconds jittered by +-50 % and capped at 30 s; with 0.5 s and 4 retries a request gives up
+    after about 7.5 s. Not retried: TLS failures, a proxy refusing the tunnel (401/403/407) and a
+    credential that could not get a token (azure-identity retries its own requests).
+    """
+
+    def __init__(self, base: float, retry_total: int) -> None:
+        super().__init__(initial_backoff=0, increment_base=2, retry_total=retry_total, random_jitter_range=0,
+                         retry_connect=retry_total, retry_read=retry_total, retry_status=retry_total)
+        self.base = base
+
+    def get_backoff_time(self, settings: dict[str, Any]) -> float:
+        history = settings.get("history") or []
+        response = getattr(history[-1], "http_response", None) if history else None
+        after = _retry_after(response.headers) if response is not None else None
+        if after is not None:
+            return min(after, RETRY_AFTER_MAX)
+        nominal = min(self.base * 2 ** max(settings["count"] - 1, 0), 30.0)
+        return random.uniform(nominal * 0.5, nominal * 1.5)
+
+    def increment(self, settings: dict[str, Any], request: Any, response: Any = None,
+                  error: AzureError | None = None) -> bool:
+        if isinstance(error, ClientAuthenticationError):
+            return False  # the credential could not get a token: it has retried on its own
+        if error is not None:
+            kind, status = _failure(error)
+            if kind == "tls" or (kind == "proxy" and status in (401, 403, 407)):
+                return False
+        return super().increment(settings, request, response=response, error=error)
+
+
+def _credential_reason(e: BaseException) -> str:
+    """The line of an azure-identity failure that says why: the last credential the chain tried."""
+    text = str(getattr(e, "message", None) or e)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    tried = [line for line in lines if re.match(r"^\w+Credential: ", line)]
+    return _one_line(tried[-1] if tried else (lines[0] if lines else type(e).__name__), 240)
+
+
+def _service_detail(e: BaseException) -> str:
+    """The service's own reason for refusing a token (``AuthenticationErrorDetail``), if it gave one."""
+    m = re.search(r"(?im)^\s*authenticationerrordetail:\s*(.+)$", str(getattr(e, "message", None) or e))
+    return f": {_one_line(m.group(1), 160)}" if m else ""
+
+
+def _http_date_ns(value: datetime | None) -> int:
+    """Nanoseconds since the epoch of a ``Last-Modified``; 0 when absent."""
+    return int(value.timestamp() * 1_000_000_000) if value is not None else 0
+
+
+# ---------------------------------------------------------------------------------------------
+# The SDK's own log records
+# ---------------------------------------------------------------------------------------------
+
+
+class _SdkLogBridge(logging.Handler):
+    """Sends the ``azure`` loggers' records (WARNING and up) to :mod:`sidecar.log`, one redacted
+    line each, instead of Python's last-resort handler (several raw lines on stderr).
+    azure-identity's account of a failed token request comes at debug level: the store's own
+    error says it once, in the line that matters."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = redact(_one_line(record.getMessage(), 400))
+        except Exception:  # a record that cannot be formatted is not worth a crash
+            return
+        if record.name.startswith("azure.identity"):
+            log.debug("azure_sdk", logger=record.name, detail=text)
+        elif record.levelno >= logging.WARNING:
+            log.warning("azure_sdk", logger=record.name, detail=text)
+
+
+def _route_sdk_logs() -> None:
+    sdk = logging.getLogger("azure")
+    if not any(isinstance(h, _SdkLogBridge) for h in sdk.handlers):
+        sdk.addHandler(_SdkLogBridge())
+    sdk.propagate = False
+    if sdk.level == logging.NOTSET or sdk.level < logging.WARNING:
+        sdk.setLevel(logging.WARNING)  # the SDK logs every request at INFO
+
+
+_route_sdk_logs()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -336,19 +675,6 @@ def _pick_credentials(env: Mapping[str, str], account: str, url_sas: str | None,
 
 class _Conflict(Exception):
     """A conditional write found the blob changed (412) or present (409 BlobAlreadyExists)."""
-
-
-def _http_date_ns(value: str | None) -> int:
-    """Nanoseconds since the epoch of an HTTP date (``Last-Modified``); 0 when absent or unreadable.
-    Only blobs without the sidecar's metadata need it, so ``email.utils`` is imported on demand."""
-    if not value:
-        return 0
-    from email.utils import parsedate_to_datetime
-
-    try:
-        return int(parsedate_to_datetime(value).timestamp() * 1_000_000_000)
-    except (TypeError, ValueError):
-        return 0
 
 
 class AzureBlobStore:
@@ -373,30 +699,27 @@ class AzureBlobStore:
         self._creds = credentials
         self.credential_source = credentials.source
         self._retry_total = retry_total
-        if credentials.endpoint:  # a connection string's endpoint replaces the URL's
-            endpoint_url = credentials.endpoint
-        else:
-            endpoint_url = location.endpoint
+        endpoint_url = credentials.endpoint or location.endpoint  # a connection string's replaces the URL's
         parts = urlsplit(endpoint_url)
         self.account = credentials.account or location.account
         self.endpoint = redact(endpoint_url, credentials.secrets)
         self.description = redact(
             "/".join(p for p in (endpoint_url, location.container, location.prefix) if p), credentials.secrets
         )
-        proxy = proxy_for(parts.scheme, parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80),
-                          os.environ if proxy_env is None else proxy_env)
-        self._api = blobapi.BlobApi(
-            f"{parts.scheme}://{parts.netloc}", parts.path, credentials.auth, max_connections=max_concurrency,
-            retry_total=retry_total, retry_backoff=retry_backoff, connection_timeout=connection_timeout,
-            read_timeout=read_timeout, hook=request_hook, proxy=proxy,
-        )
-        self._container_path = self._api.path(location.container)
+        self._proxy = proxy_for(parts.scheme, parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80),
+                                os.environ if proxy_env is None else proxy_env)
+        self._secrets = credentials.secrets + (self._proxy.secrets if self._proxy is not None else ())
+        self._endpoint_url = endpoint_url
+        self._client_settings = dict(max_concurrency=max_concurrency, retry_total=retry_total, retry_backoff=retry_backoff,
+                                     connection_timeout=connection_timeout, read_timeout=read_timeout, hook=request_hook)
+        self._service: BlobServiceClient | None = None
+        self._container: ContainerClient | None = None
         self._name_prefix = f"{location.prefix}/" if location.prefix else ""
         # What this store last saw of each blob (from list, get, put or a conflict read): the
         # ETag to make the next put conditional on, and the version stamp (mtime_ns) behind it.
         self._seen: dict[str, ObjectInfo] = {}
         self._opened = False
-        self._first_page: bytes | None = None  # open()'s listing page, for the first list()
+        self._first_page: tuple[list[Any], str | None] | None = None  # open()'s page and its continuation
         self._closed = False
 
     @classmethod
@@ -407,9 +730,9 @@ class AzureBlobStore:
 
         ``env`` (default ``os.environ``) supplies the credentials; ``options`` tune the client
         (``max_concurrency`` connections, ``retry_total``, ``retry_backoff``,
-        ``connection_timeout``, ``read_timeout``, ``request_hook``). The proxy, if any, comes
-        from ``env`` too (``HTTPS_PROXY``, ``NO_PROXY``: :mod:`sidecar.store.proxy`).
-        Raises ValueError, without any secret in the message, for a bad URL or credential.
+        ``connection_timeout``, ``read_timeout``, ``request_hook(method, path)`` called for every
+        request sent). The proxy, if any, comes from ``env`` too (:func:`proxy_for`).
+        Raises ValueError, without any secret in the message, for a bad URL, credential or proxy.
         """
         env = os.environ if env is None else env
         conn = env.get("AZURE_STORAGE_CONNECTION_STRING", "").strip()
@@ -420,12 +743,48 @@ class AzureBlobStore:
             # The URL may carry a SAS token; never echo it.
             raise ValueError(redact(str(e), [urlsplit(url).query] if "?" in url else [])) from None
         options.setdefault("proxy_env", env)
-        check_proxy_env(location.scheme, env)  # before a credential object exists that an error would leave open
-        return cls(location, _pick_credentials(env, location.account, location.sas, location.scheme), **options)
+        # Checked before a credential object exists that an error would leave open.
+        proxy_for(location.scheme, "", 0, env)
+        creds = _pick_credentials(env, location.account, location.sas, location.scheme,
+                                  float(options.get("connection_timeout", 10)))
+        if creds.source == "DefaultAzureCredential":
+            creds.secrets = tuple(s for s in (env.get("IDENTITY_HEADER"), env.get("AZURE_CLIENT_SECRET")) if s)
+        return cls(location, creds, **options)
 
     # -- helpers -------------------------------------------------------------------------------
     def __repr__(self) -> str:
         return f"AzureBlobStore({self.description!r}, credential={self.credential_source!r})"
+
+    def _container_client(self) -> ContainerClient:
+        """The store's one SDK client, made on first use (its aiohttp session needs the event loop).
+
+        One session for every request: a connection pool of ``max_concurrency`` connections,
+        the environment not consulted per request (``trust_env=False``: no ``.netrc`` or proxy
+        look-up on each; the proxy is chosen once, by :func:`proxy_for`), no cookies, bodies
+        not decompressed.
+        """
+        if self._container is None:
+            if self._closed:
+                raise StoreError(f"{self._where()}: the store is closed")
+            s = self._client_settings
+            session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=s["max_concurrency"]), trust_env=False,
+                cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=False,
+            )
+            options: dict[str, Any] = dict(
+                transport=AioHttpTransport(session=session, session_owner=True,
+                                           connection_timeout=s["connection_timeout"], read_timeout=s["read_timeout"]),
+                retry_policy=_Retry(s["retry_backoff"], s["retry_total"]),
+                max_single_put_size=MAX_SINGLE_PUT_SIZE,
+            )
+            if self._proxy is not None:
+                options["proxies"] = {urlsplit(self._endpoint_url).scheme: self._proxy.url}
+            hook = s["hook"]
+            if hook is not None:
+                options["raw_request_hook"] = lambda r: hook(r.http_request.method, urlsplit(r.http_request.url).path)
+            self._service = BlobServiceClient(self._endpoint_url, credential=self._creds.credential, **options)
+            self._container = self._service.get_container_client(self.container_name)
+        return self._container
 
     def _name(self, key: str) -> str:
         try:
@@ -438,7 +797,7 @@ class AzureBlobStore:
         return name
 
     def _info(self, key: str, size: int, metadata: Mapping[str, str] | None, etag: str | None,
-              last_modified: str | None) -> ObjectInfo:
+              last_modified: datetime | None) -> ObjectInfo:
         md = {k.lower(): v for k, v in (metadata or {}).items()}
         etag = _quoted_etag(etag)
         try:
@@ -453,26 +812,32 @@ class AzureBlobStore:
         return f"Azure Blob store (account {self.account!r}, container {self.container_name!r})"
 
     def _error(self, e: BaseException, doing: str) -> StoreError:
-        """One clear, secret-free line for a failed request; transient when retrying can help."""
+        """One clear, secret-free line for a failed operation; transient when retrying can help."""
         where = self._where()
         creds = self._creds
+        secrets = self._secrets
 
         def done(cls: type[StoreError], text: str) -> StoreError:
-            return cls(redact(_one_line(f"{where}: {doing} failed: {text}", 600), creds.secrets))
+            return cls(redact(_one_line(f"{where}: {doing} failed: {text}", 600), secrets))
 
-        if isinstance(e, blobapi.CredentialFailure):
+        status = getattr(e, "status_code", None) if isinstance(e, HttpResponseError) else None
+        if isinstance(e, ClientAuthenticationError) and status is None:
+            # The credential itself could not get a token (no identity here, or a bad one).
             return done(
                 StoreError,
-                f"no usable Azure credential via {creds.source} ({_one_line(e, 160)}); set "
+                f"no usable Azure credential via {creds.source} ({_credential_reason(e)}); set "
                 "AZURE_STORAGE_CONNECTION_STRING, AZURE_STORAGE_KEY or AZURE_STORAGE_SAS_TOKEN, "
                 "or give the pod a managed/workload identity (AZURE_CLIENT_ID for a user-assigned one)",
             )
-        if isinstance(e, blobapi.ConnectionFailure):
-            return self._connection_error(e, done)
-        if not isinstance(e, blobapi.HttpError):
+        if status is None:
+            if isinstance(e, AzureError):
+                return self._connection_error(e, done)
             return done(StoreError, _one_line(f"{type(e).__name__}: {e}", 160))
-        status, code = e.status, e.code
+        code = _code(e)
         detail = f" ({' '.join(str(x) for x in (status, code) if x)})"
+        if status == 407 and self._proxy is not None:
+            return done(StoreError, f"the proxy {self._proxy.description} refused the request to {self.endpoint} "
+                                    "(HTTP 407); check the credentials in HTTP_PROXY, or add the host to NO_PROXY")
         if status in (401, 403):
             if code in ("AuthorizationPermissionMismatch", "AuthorizationResourceTypeMismatch",
                         "AuthorizationServiceMismatch"):
@@ -492,82 +857,93 @@ class AzureBlobStore:
                 return done(StoreError, f"shared key access is disabled on the account{detail}; use a managed identity or a SAS")
             if code == "AccountIsDisabled":
                 return done(StoreError, f"the storage account is disabled{detail}")
-            return done(StoreError, f"authentication failed{detail}; {creds.hint(self.account)}")
+            return done(StoreError, f"authentication failed{detail}{_service_detail(e)}; {creds.hint(self.account)}")
         if status == 404 and code == "ContainerNotFound":
             return done(StoreError, f"the container does not exist{detail}; was it deleted? the sidecar creates it on start")
-        if status in blobapi.TRANSIENT_STATUS or (status == 409 and code == "ContainerBeingDeleted"):
+        if status in TRANSIENT_STATUS or (status == 409 and code == "ContainerBeingDeleted"):
             kind = "throttled" if status in (429, 503) else "service error"
-            return done(TransientStoreError, f"{kind}{detail} after {self._retry_total} retries; will retry later")
+            retried = "" if status == 429 else f" after {self._retry_total} retries"
+            return done(TransientStoreError, f"{kind}{detail}{retried}; will retry later")
         if code in ("Md5Mismatch", "Crc64Mismatch"):
             return done(TransientStoreError, f"the data was corrupted in transit{detail}; will retry")
         if status == 412:
             return done(TransientStoreError, f"the blob changed while it was read{detail}; will retry")
         return done(StoreError, f"unexpected answer{detail}")
 
-    def _connection_error(self, e: blobapi.ConnectionFailure, done) -> StoreError:
-        proxy = self._api.proxy
-        if proxy is not None and e.kind in ("proxy", "dns", "refused"):
-            return self._proxy_error(e, proxy, done)
+    def _connection_error(self, e: BaseException, done: Callable[[type[StoreError], str], StoreError]) -> StoreError:
+        kind, proxy_status = _failure(e)
+        proxy = self._proxy
+        if proxy is not None and kind in ("proxy", "dns", "refused"):
+            # Only the proxy is looked up and dialled when there is one.
+            if kind != "proxy":
+                return done(StoreError if not self._opened else TransientStoreError,
+                            f"{_FAILED[kind]} for the proxy {proxy.description} (reaching {self.endpoint}); check "
+                            "HTTPS_PROXY / HTTP_PROXY, or add the host to NO_PROXY")
+            if proxy_status in (401, 403, 407):
+                return done(StoreError, f"the proxy {proxy.description} refused the connection to {self.endpoint} "
+                                        f"(HTTP {proxy_status}); check the credentials in HTTPS_PROXY and the proxy's "
+                                        "allow list, or add the host to NO_PROXY")
+            return done(TransientStoreError, f"the proxy {proxy.description} could not reach {self.endpoint} (HTTP "
+                                             f"{proxy_status}; check the account name in SIDECAR_STORE); will retry later")
         endpoint = self.endpoint + (f" through the proxy {proxy.description}" if proxy is not None else "")
-        if e.kind == "tls":
+        if kind == "tls":
             return done(StoreError, f"TLS failure talking to {endpoint}; check the URL scheme and host, "
                                     "the CA bundle (SSL_CERT_FILE) and any TLS-intercepting proxy")
-        what = _FAILED.get(e.kind, "connection failed")
-        if not self._opened and e.kind in ("dns", "refused"):
+        what = _FAILED.get(kind, "connection failed")
+        if not self._opened and kind in ("dns", "refused"):
             # Never reached the service at all: a wrong account name, endpoint or port.
             check = ("check the account name in SIDECAR_STORE (or the connection string's endpoint) "
-                     "and DNS / private-endpoint resolution") if e.kind == "dns" else \
+                     "and DNS / private-endpoint resolution") if kind == "dns" else \
                     "check the endpoint host and port are right and the service is running and reachable"
             return done(StoreError, f"{what} for {endpoint}; {check}")
         return done(TransientStoreError, f"{what} for {endpoint} after {self._retry_total} retries; "
                                          "check network reachability (firewall, proxy); will retry later")
 
-    def _proxy_error(self, e: blobapi.ConnectionFailure, proxy: Proxy, done) -> StoreError:
-        """The proxy failed, not the account: it could not be reached (only the proxy is looked up
-        and dialled), or it refused the tunnel or could not reach the account itself."""
-        if e.kind != "proxy":
-            return done(StoreError if not self._opened else TransientStoreError,
-                        f"{_FAILED[e.kind]} for the proxy {proxy.description} (reaching {self.endpoint}); check "
-                        "HTTPS_PROXY / HTTP_PROXY, or add the host to NO_PROXY")
-        if e.status in (401, 403, 407):
-            return done(StoreError, f"the proxy {proxy.description} refused the connection to {self.endpoint} "
-                                    f"(HTTP {e.status}); check the credentials in HTTPS_PROXY and the proxy's allow "
-                                    "list, or add the host to NO_PROXY")
-        return done(TransientStoreError, f"the proxy {proxy.description} could not reach {self.endpoint} (HTTP "
-                                         f"{e.status}; check the account name in SIDECAR_STORE); will retry later")
-
-    def _blob_path(self, name: str) -> str:
-        return f"{self._container_path}/{quote(name, safe='~/')}"
-
     async def _put_blob(self, name: str, data: bytes, md5: bytes, metadata: dict[str, str],
                         etag: str | None) -> str | None:
-        """One Put Blob request, conditional on ``etag`` (or on absence); returns the new ETag."""
-        headers = {
-            "x-ms-blob-type": "BlockBlob",
-            "Content-Type": "application/octet-stream",
-            "Content-MD5": base64.b64encode(md5).decode(),
-        }
-        for k, v in metadata.items():
-            headers["x-ms-meta-" + k] = v
-        if etag:
-            headers["If-Match"] = etag
-        else:
-            headers["If-None-Match"] = "*"
+        """Upload one blob, conditional on ``etag`` (``If-Match``) or on its absence
+        (``If-None-Match: *``); returns the new ETag, raises :class:`_Conflict` when the
+        condition fails. ``md5`` is recorded as the blob's Content-MD5; the SDK sends the
+        transactional Content-MD5 of each request (``validate_content``), which the service checks."""
+        blob = self._container_client().get_blob_client(name)
+        condition: dict[str, Any] = ({"etag": etag, "match_condition": MatchConditions.IfNotModified} if etag
+                                     else {"match_condition": MatchConditions.IfMissing})
         try:
-            response = await self._api.request("PUT", self._blob_path(name), headers=headers, body=data, expect=(201,))
-        except blobapi.HttpError as e:
-            if e.status == 412 or (e.status == 409 and e.code == "BlobAlreadyExists"):
-                raise _Conflict() from None
-            raise
-        return response.headers.get("etag")
+            response = await blob.upload_blob(
+                data, length=len(data), overwrite=True, metadata=metadata, validate_content=True,
+                content_settings=ContentSettings(content_type="application/octet-stream", content_md5=md5),
+                max_concurrency=4, **condition,
+            )
+        except ResourceModifiedError:
+            raise _Conflict() from None  # 412: someone else wrote it
+        except ResourceExistsError as e:
+            if _code(e) != "BlobAlreadyExists":
+                raise
+            raise _Conflict() from None  # 409: someone else made it
+        except HttpResponseError as e:
+            if _code(e) != "InvalidBlockList":
+                raise
+            raise _Conflict() from None  # another writer committed while we staged blocks
+        return response.get("etag")
 
-    async def _list_page(self, start: str, marker: str, size: int = 5000) -> bytes:
-        query = [("restype", "container"), ("comp", "list"), ("include", "metadata"), ("maxresults", str(size))]
-        if start:
-            query.append(("prefix", start))
-        if marker:
-            query.append(("marker", marker))
-        return (await self._api.request("GET", self._container_path, query)).body
+    async def _page(self, start: str, token: str | None, size: int) -> tuple[list[Any], str | None]:
+        """One page of the listing (blob properties with metadata) and the token of the next."""
+        pages = self._container_client().list_blobs(
+            name_starts_with=start or None, include=["metadata"], results_per_page=size,
+        ).by_page(continuation_token=token)
+        page = await pages.__anext__()
+        return [props async for props in page], pages.continuation_token or None
+
+    def _listed(self, props: Any, start: str, cut: int) -> ObjectInfo | None:
+        name = props.name
+        if not name.startswith(start) or name.endswith("/"):
+            return None  # directory placeholders (hierarchical namespace accounts)
+        md = props.metadata or {}
+        if str(md.get("hdi_isfolder", "")).lower() == "true":
+            return None
+        info = self._info(name[cut:], props.size, md, props.etag, props.last_modified)
+        self._seen[name] = info
+        return info
 
     # -- interface -----------------------------------------------------------------------------
     async def open(self) -> None:
@@ -576,13 +952,17 @@ class AzureBlobStore:
         trip); create the container when missing."""
         try:
             try:
-                self._first_page = await self._list_page(self._name_prefix, "", FIRST_PAGE_RESULTS)
-            except blobapi.HttpError as e:
-                if (e.status, e.code) != (404, "ContainerNotFound"):
+                self._first_page = await self._page(self._name_prefix, None, FIRST_PAGE_RESULTS)
+            except ResourceNotFoundError as e:
+                if _code(e) != "ContainerNotFound":
                     raise
-                await self._api.request("PUT", self._container_path, [("restype", "container")], expect=(201, 409))
-                log.info("created container %s", self.container_name)
-        except (blobapi.HttpError, blobapi.ConnectionFailure, blobapi.CredentialFailure) as e:
+                try:
+                    await self._container_client().create_container()
+                    log.info("container_created", store=self.description)
+                except ResourceExistsError as e2:
+                    if _code(e2) != "ContainerAlreadyExists":
+                        raise
+        except AzureError as e:
             raise self._error(e, "opening the store") from None
         self._opened = True
 
@@ -605,110 +985,90 @@ class AzureBlobStore:
         if seen is not None and seen.sha256 is not None and seen.mtime_ns > meta.mtime_ns:
             return seen  # known newer already: a stale upload, superseded without a request
         etag = seen.etag if seen is not None else None
-        md5 = hashlib.md5(data).digest()  # once; the service checks it and keeps it as Content-MD5
+        md5 = hashlib.md5(data).digest()
         try:
             for _ in range(MAX_CONFLICT_ROUNDS):
                 try:
                     new_etag = await self._put_blob(name, data, md5, metadata, etag)
                 except _Conflict:
-                    pass  # 412 / 409 BlobAlreadyExists: someone else wrote it
+                    pass
                 else:
                     info = ObjectInfo(key, meta.size, meta.sha256, meta.mtime_ns, meta.mode & 0o7777, _quoted_etag(new_etag))
                     self._seen[name] = info
                     return info
                 # Conflict: read what is there now, once, and decide.
                 try:
-                    props = await self._api.request("HEAD", self._blob_path(name))
-                except blobapi.HttpError as e:
-                    if e.status != 404 or e.code == "ContainerNotFound":
+                    props = await self._container_client().get_blob_client(name).get_blob_properties()
+                except ResourceNotFoundError as e:
+                    if _code(e) == "ContainerNotFound":
                         raise
                     self._seen.pop(name, None)
                     etag = None  # deleted meanwhile: write it if still absent
                     continue
-                h = props.headers
-                current = self._info(key, int(h.get("content-length") or 0), props.metadata(), h.get("etag"),
-                                     h.get("last-modified"))
+                current = self._info(key, props.size, props.metadata, props.etag, props.last_modified)
                 self._seen[name] = current
                 if current.sha256 is not None and current.mtime_ns > meta.mtime_ns:
-                    log.debug("upload of %r superseded by a newer version in the store", key)
+                    log.debug("upload_superseded", key=key, detail="a newer version is in the store")
                     return current
                 etag = current.etag
-        except (blobapi.HttpError, blobapi.ConnectionFailure, blobapi.CredentialFailure) as e:
+        except AzureError as e:
             raise self._error(e, f"uploading {key!r}") from None
         raise TransientStoreError(redact(
             f"{self._where()}: uploading {key!r} failed: the blob kept changing under concurrent "
-            "writers; will retry later", self._creds.secrets))
+            "writers; will retry later", self._secrets))
 
     async def get(self, key: str) -> tuple[bytes, ObjectInfo]:
         name = self._name(key)
         try:
-            response = await self._api.request("GET", self._blob_path(name))
-        except blobapi.HttpError as e:
-            if e.status == 404 and e.code != "ContainerNotFound":
-                self._seen.pop(name, None)
-                raise NotFound(key) from None
+            downloader = await self._container_client().download_blob(name, max_concurrency=1)
+            data = await downloader.readall()
+        except ResourceNotFoundError as e:
+            if _code(e) == "ContainerNotFound":
+                raise self._error(e, f"downloading {key!r}") from None
+            self._seen.pop(name, None)
+            raise NotFound(key) from None
+        except AzureError as e:
             raise self._error(e, f"downloading {key!r}") from None
-        except (blobapi.ConnectionFailure, blobapi.CredentialFailure) as e:
-            raise self._error(e, f"downloading {key!r}") from None
-        data = response.body
-        h = response.headers
-        length = h.get("content-length")
-        if length is not None and length.isdigit() and int(length) != len(data):
+        props = downloader.properties
+        if props.size is not None and props.size != len(data):
             raise TransientStoreError(redact(f"{self._where()}: downloading {key!r} failed: the answer was cut "
-                                             "short; will retry", self._creds.secrets))
-        info = self._info(key, len(data), response.metadata(), h.get("etag"), h.get("last-modified"))
+                                             "short; will retry", self._secrets))
+        info = self._info(key, len(data), props.metadata, props.etag, props.last_modified)
         self._seen[name] = info
         return data, info
 
     async def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:
         start = self._name_prefix + prefix
         cut = len(self._name_prefix)
-        marker = ""
-        while True:
-            try:
-                if not marker and not prefix and self._first_page is not None:
-                    body, self._first_page = self._first_page, None  # fetched by open() just before
-                else:
-                    body = await self._list_page(start, marker)
-            except (blobapi.HttpError, blobapi.ConnectionFailure, blobapi.CredentialFailure) as e:
-                raise self._error(e, f"listing {prefix!r}") from None
-            try:
-                root = ElementTree.fromstring(body)
-            except ElementTree.ParseError:
-                raise TransientStoreError(f"{self._where()}: listing {prefix!r} failed: the answer was not "
-                                          "a blob list; will retry") from None
-            for blob in root.iterfind("Blobs/Blob"):
-                name_el = blob.find("Name")
-                name = (name_el.text if name_el is not None else None) or ""
-                if name_el is not None and name_el.get("Encoded", "").lower() == "true":
-                    name = unquote(name)
-                if not name.startswith(start) or name.endswith("/"):
-                    continue  # directory placeholders (hierarchical namespace accounts)
-                props = blob.find("Properties")
-                md_el = blob.find("Metadata")
-                md = {child.tag: child.text or "" for child in md_el} if md_el is not None else {}
-                if str(md.get("hdi_isfolder", "")).lower() == "true":
-                    continue
-                size = int(props.findtext("Content-Length") or 0) if props is not None else 0
-                etag = props.findtext("Etag") if props is not None else None
-                modified = props.findtext("Last-Modified") if props is not None else None
-                info = self._info(name[cut:], size, md, etag, modified)
-                self._seen[name] = info
-                yield info
-            marker = root.findtext("NextMarker") or ""
-            if not marker:
-                return
+        token: str | None = None
+        try:
+            if not prefix and self._first_page is not None:
+                items, token = self._first_page  # fetched by open() just before
+                self._first_page = None
+                for props in items:
+                    if (info := self._listed(props, start, cut)) is not None:
+                        yield info
+                if token is None:
+                    return
+            pages = self._container_client().list_blobs(
+                name_starts_with=start or None, include=["metadata"], results_per_page=PAGE_RESULTS,
+            ).by_page(continuation_token=token)
+            async for page in pages:
+                async for props in page:
+                    if (info := self._listed(props, start, cut)) is not None:
+                        yield info
+        except AzureError as e:
+            raise self._error(e, f"listing {prefix!r}") from None
 
     async def delete(self, key: str) -> None:
         name = self._name(key)
         self._first_page = None
         try:
-            await self._api.request("DELETE", self._blob_path(name), headers={"x-ms-delete-snapshots": "include"},
-                                    expect=(202,))
-        except blobapi.HttpError as e:
-            if e.status != 404 or e.code == "ContainerNotFound":
+            await self._container_client().delete_blob(name, delete_snapshots="include")
+        except ResourceNotFoundError as e:
+            if _code(e) == "ContainerNotFound":
                 raise self._error(e, f"deleting {key!r}") from None
-        except (blobapi.ConnectionFailure, blobapi.CredentialFailure) as e:
+        except AzureError as e:
             raise self._error(e, f"deleting {key!r}") from None
         self._seen.pop(name, None)
 
@@ -716,7 +1076,12 @@ class AzureBlobStore:
         if self._closed:
             return
         self._closed = True
-        await self._api.aclose()
+        try:
+            if self._service is not None:
+                await self._service.close()
+        finally:
+            if self._creds.owned is not None:
+                await self._creds.owned.close()
 
     async def __aenter__(self) -> "AzureBlobStore":
         await self.open()

@@ -1,4 +1,5 @@
-"""Fixtures for the store tests: Azurite (from ``tests/azurite.py``) and a store factory."""
+"""Fixtures for the store tests: Azurite (from ``tests/azurite.py``), a second one over TLS, and a
+store factory."""
 
 from __future__ import annotations
 
@@ -9,7 +10,30 @@ from azure.storage.blob.aio import BlobServiceClient  # noqa: E402
 
 from sidecar.store.azure import AzureBlobStore  # noqa: E402
 from sidecar.store.directory import DirectoryStore  # noqa: E402
-from tests.azurite import AzuriteEndpoint, unique_container  # noqa: E402
+from tests.azurite import (  # noqa: E402
+    Azurite, AzuriteEndpoint, AzuriteUnavailable, find_azurite_command, self_signed_cert, unique_container,
+)
+
+#: Names the TLS Azurite's certificate is valid for: ``azurite`` stands for a host that only a
+#: proxy can reach (it has no dot, so Azurite reads the account from the path).
+TLS_HOSTS = ("127.0.0.1", "localhost", "azurite")
+
+
+@pytest.fixture(scope="session")
+def tls_azurite(tmp_path_factory):
+    """An Azurite of its own serving https (a self-signed certificate: ``.cert``, trust it with
+    ``SSL_CERT_FILE``) that also accepts bearer tokens (``--oauth basic``)."""
+    try:
+        find_azurite_command()
+    except AzuriteUnavailable as e:
+        pytest.skip(str(e))
+    where = tmp_path_factory.mktemp("tls-azurite")
+    cert, key = self_signed_cert(str(where), TLS_HOSTS)
+    server = Azurite(str(where / "data"), cert=cert, key=key, oauth="basic").start()
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 class AzureStores:
