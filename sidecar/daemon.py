@@ -49,6 +49,20 @@ class Health:
     namespace: str = ""  # the resolved store namespace, as shown to operators ('' for the top)
     #: roots the sidecar cannot read (name -> why): not ready while any
     unreadable_roots: dict[str, str] = field(default_factory=dict)
+    #: monotonic time before which uploads wait for a predecessor's write window (None: no wait)
+    uploads_wait: float | None = None
+
+    def uploads_wait_until(self, until: float | None) -> None:
+        """Told by the fence when our uploads may begin (shown in /readyz and metrics)."""
+        self.uploads_wait = until
+        metrics.FENCE_WAIT.set(max(0.0, until - time.monotonic()) if until is not None else 0)
+
+    def waiting(self) -> float | None:
+        """Seconds our uploads still wait for a predecessor, or None."""
+        if self.uploads_wait is None:
+            return None
+        left = self.uploads_wait - time.monotonic()
+        return left if left > 0 else None
 
     @property
     def ready(self) -> bool:
@@ -180,7 +194,7 @@ class Daemon:
 
             ns = self.settings.namespace
             self.uploader.fence = Fence(self.store, self.settings.fence_window, self.settings.fence_margin,
-                                        identity=ns.identity, namespace=ns.path)
+                                        identity=ns.identity, namespace=ns.path, on_wait=self.health.uploads_wait_until)
             await tg.start(self.uploader.run)
             self.health.workers_alive = True
             await tg.start(partial(watch, debounce_ms=self.settings.debounce_ms),

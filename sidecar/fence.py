@@ -2,8 +2,9 @@
 never overwrite or delete the new one's files.
 
 The store holds an owner marker, ``.sidecar/owner``: ``{"generation": stamp, "owner": id,
-"heartbeat": unix time, "identity": {variable: value}}``, written with ``mtime_ns = stamp`` so the stores' own stale-write protection
-refuses a marker with a lower stamp. A stamp is the generation in its high bits and 32 random bits
+"heartbeat": unix time or 0 once released, "identity": {variable: value}}``, written with
+``version = stamp`` so the store's supersede rule refuses a marker with a lower stamp (the
+heartbeat is for people: no decision reads its time). A stamp is the generation in its high bits and 32 random bits
 below (:func:`next_stamp`): two sidecars that claim the same generation at the same moment never
 hold the same stamp, so the store keeps exactly one of them and the other is fenced at its next
 proof (within ``window`` seconds; before any write when its claim is the one refused). A marker of
@@ -11,9 +12,11 @@ an older version (``generation`` a plain small number) is below every stamp, and
 reading a stamp claims ``stamp + 1``, which is above it. Protocol:
 
 * **claim** (start-up, once the restore is done, beside the first reconcile): read the marker, write
-  the next stamp. No write of ours happens before it. If the previous owner's heartbeat is
-  recent, wait out its write window before the first write of ours (reads, restore, the host's
-  start and readiness are not delayed, only our uploads).
+  the next stamp. No write of ours happens before it. If the previous owner has
+  not released the namespace (heartbeat not 0: still draining, or gone without a word), wait one write window
+  plus the margin before the first write of ours, on our own monotonic clock: no timestamp of
+  another machine is ever compared with ours (reads, restore, the host's start and readiness
+  are not delayed, only our uploads).
 * **before writing**, at most once per ``window`` seconds: re-write the marker with our generation
   and a fresh heartbeat. If the store refuses it (a higher generation is there), we are fenced:
   nothing more is written, and the work stays pending for the operator to see.
@@ -26,8 +29,9 @@ reading a stamp claims ``stamp + 1``, which is above it. Protocol:
   over by anyone, as before.
 
 A writer thus writes only within ``window`` seconds of proving it still owns the prefix, and a new
-owner waits ``window + margin`` after the old one's last proof before writing: time-based fencing
-as in lease protocols, correct while clocks agree within ``margin`` and no single write takes longer.
+owner waits ``window + margin`` after its claim before writing: time-based fencing as in lease
+protocols, correct while the two machines' clocks run at about the same rate (a stall longer than
+``margin`` inside one write is the limit), whatever time they show.
 One marker write per window while uploading; none while idle.
 """
 
@@ -37,14 +41,19 @@ import json
 import secrets
 import time
 import uuid
+from typing import Callable
 
 import anyio
 
 from sidecar import log
 from sidecar.namespace import describe_identity
-from sidecar.store.base import NotFound, ObjectMeta, Store
+from sidecar.store.base import OWN_NAMESPACE, NotFound, ObjectMeta, Store
 
-OWNER_KEY = ".sidecar/owner"
+OWNER_KEY = f"{OWN_NAMESPACE}/owner"
+
+
+#: Bits of a version below the generation: one sidecar's writes (2^40 of them).
+VERSION_COUNTER_BITS = 40
 
 
 class Fenced(Exception):
@@ -106,8 +115,10 @@ def next_stamp(current: int) -> int:
 
 class Fence:
     def __init__(self, store: Store, window: float = 2.0, margin: float = 8.0,
-                 identity: dict[str, str] | None = None, namespace: str = "") -> None:
+                 identity: dict[str, str] | None = None, namespace: str = "",
+                 on_wait: Callable[[float | None], None] | None = None) -> None:
         self.store = store
+        self.on_wait = on_wait  # told the monotonic time our writes may begin (None: at once)
         self.identity = dict(identity or {})
         self.namespace = namespace
         self.window = window
@@ -117,6 +128,7 @@ class Fence:
         self.writable_at = 0.0  # monotonic time before which we do not write
         self.valid_until = 0.0  # monotonic time our last proof of ownership expires
         self.fenced: str | None = None
+        self._writes = 0
         self._lock = anyio.Lock()
         self._claimed = anyio.Event()  # set when claim() has ended, claimed or fenced
 
@@ -133,11 +145,18 @@ class Fence:
     def generation(self) -> int:
         return self.stamp >> 32
 
+    def next_version(self) -> int:
+        """The version for this sidecar's next write of a key (``ObjectMeta.version``): above every
+        version a previous owner wrote (its generation is lower), rising with each write. 0 before
+        the claim (nothing is written then)."""
+        self._writes += 1
+        return self.generation << VERSION_COUNTER_BITS | self._writes if self.stamp else 0
+
     async def _write(self, stamp: int) -> bool:
         """Write our marker; False when the store holds a higher stamp (we are fenced)."""
         body = self._body(stamp, time.time())
-        info = await self.store.put(OWNER_KEY, body, ObjectMeta.of(body, stamp, 0o600))
-        return info.mtime_ns == stamp
+        info = await self.store.put(OWNER_KEY, body, ObjectMeta.of(body, stamp, 0o600, version=stamp))
+        return info.version == stamp
 
     async def claim(self) -> None:
         current = await self._read()
@@ -157,12 +176,19 @@ class Fence:
         self.stamp = stamp  # only once the store took it: release() relies on that
         now = time.monotonic()
         self.valid_until = now + self.window
-        beat = _number(current.get("heartbeat"), float)
-        wait = beat + self.window + self.margin - time.time()
-        self.writable_at = now + max(0.0, wait)
+        # No clock of another machine is compared with ours: a predecessor that did not release
+        # the namespace (still draining, or gone without a word) may write until its last proof
+        # plus one window, so our first write waits a whole window and the margin, on our own
+        # monotonic clock, from now. A released marker (heartbeat 0) or none: no wait.
+        released = not current or _number(current.get("heartbeat"), float) == 0
+        wait = 0.0 if released else self.window + self.margin
+        self.writable_at = now + wait
         if wait > 0:
             log.warning("fence_wait", seconds=round(wait, 1), previous_generation=previous >> 32,
-                        detail="a previous sidecar wrote recently; our uploads wait out its write window")
+                        detail="the previous sidecar did not release this namespace; our uploads wait out its "
+                               "write window (SIDECAR_FENCE_WINDOW + SIDECAR_FENCE_MARGIN)")
+        if self.on_wait is not None:
+            self.on_wait(self.writable_at if wait > 0 else None)
         log.info("fence_claimed", generation=self.generation)
         self._claimed.set()
 
@@ -172,7 +198,7 @@ class Fence:
         if self.fenced or not self.stamp:
             return
         body = self._body(self.stamp, 0)
-        await self.store.put(OWNER_KEY, body, ObjectMeta.of(body, self.stamp, 0o600))
+        await self.store.put(OWNER_KEY, body, ObjectMeta.of(body, self.stamp, 0o600, version=self.stamp))
 
     async def before_write(self) -> None:
         """Wait until we may write and prove we still own the prefix; raises :class:`Fenced`."""

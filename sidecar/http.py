@@ -91,6 +91,9 @@ def readiness(health: "Health", degraded_seconds: float | None = None) -> tuple[
     Changes are kept, coalesced per path, and retried. The body says so, for people and probes that
     read it; alerts use ``checkpoint_sidecar_store_degraded``."""
     where = f"; namespace {health.namespace}" if health.namespace else ""
+    wait = health.waiting()
+    if wait is not None:
+        where += f"; uploads wait {wait:.0f}s more for the previous owner's write window"
     if health.ready:
         if degraded_seconds is not None:
             return True, (f"ready: {health.reason}{where}; store degraded for {int(degraded_seconds)}s: "

@@ -19,9 +19,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from sidecar.store.base import NotFound, ObjectMeta, Store
+from sidecar.store.base import OWN_NAMESPACE, NotFound, ObjectMeta, Store
 
-BUNDLE_DIR = ".sidecar/bundles"
+BUNDLE_DIR = f"{OWN_NAMESPACE}/bundles"
 
 
 def bundle_key(root_name: str) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import stat
 import time
+from dataclasses import replace
 
 import anyio
 import anyio.to_thread
@@ -307,6 +308,10 @@ class Uploader:
             self._mark_fenced()
             await anyio.sleep_forever()
 
+    def _version(self) -> int:
+        """The version of the next write (see ``Fence.next_version``; 0 without a fence)."""
+        return self.fence.next_version() if self.fence is not None else 0
+
     def _mark_fenced(self) -> None:
         """A newer sidecar owns the store prefix (the fence has logged why): no more writes."""
         self.fenced.set()
@@ -458,7 +463,8 @@ class Uploader:
         if len(changes) > 1 or (changes and root.name in self.bundle_outstanding):
             blob = encode_bundle(root.name, changes)
             await self._guard()
-            await self.store.put(bundle_key(root.name), blob, ObjectMeta.of(blob, time.time_ns(), 0o600))
+            await self.store.put(bundle_key(root.name), blob,
+                                 ObjectMeta.of(blob, time.time_ns(), 0o600, version=self._version()))
             self.bundle_outstanding.add(root.name)
         for c in changes:  # the bundle makes the batch atomic; order within it does not matter
             await self._guard()
@@ -467,7 +473,7 @@ class Uploader:
                 self.remote.pop(c.key, None)
                 self._count_delete()
             else:
-                self.remote[c.key] = await self.store.put(c.key, c.data, c.meta)
+                self.remote[c.key] = await self.store.put(c.key, c.data, replace(c.meta, version=self._version()))
                 self._count_upload(len(c.data))
         if root.name in self.bundle_outstanding:
             await self._guard()
@@ -492,14 +498,14 @@ class Uploader:
         self.skipped.pop(op.key, None)
         known = self.remote.get(op.key)
         if known is None or not known.same_as(meta):
+            meta = replace(meta, version=self._version())
             info = await self.store.put(op.key, data, meta)
             self.remote[op.key] = info
-            if info.mtime_ns != meta.mtime_ns and info.sha256 != meta.sha256:
-                # The store kept a version stamped later than this file's mtime (a copy that kept
-                # an old mtime, `tar x`, a clock behind the previous writer's): a version stamp
-                # never goes backwards, so this content is not stored. Never silently.
+            if info.version > meta.version:
+                # A newer owner of the namespace stored a later version (the fence stops this
+                # sidecar at its next proof): this older content is not stored. Never silently.
                 self._skip(op.key, root, parts, "store_newer",
-                           "the store holds a version with a later mtime; touch the file to store this one")
+                           "a newer sidecar of this namespace stored a later version of this file")
             else:
                 self._count_upload(len(data))
                 log.debug("uploaded", path=op.key, bytes=len(data))

@@ -59,8 +59,8 @@ class Record:
 
     @property
     def stamp(self) -> int | None:
-        """The sidecar's version stamp (``x-ms-meta-sidecar_mtime_ns``) on a write, if any."""
-        v = self.headers.get("x-ms-meta-sidecar_mtime_ns")
+        """The sidecar's version of a write (``x-ms-meta-sidecar_version``), if any."""
+        v = self.headers.get("x-ms-meta-sidecar_version")
         return int(v) if v else None
 
 

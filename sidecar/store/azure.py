@@ -20,8 +20,8 @@ Every request goes through ``azure-storage-blob`` (``azure.storage.blob.aio``): 
 store's concurrency. The proxy comes from ``HTTPS_PROXY`` / ``HTTP_PROXY`` / ``NO_PROXY`` (see
 :func:`proxy_for`), read once. ``docs/AZURE-STORE.md`` gives the reasons.
 
-Each object is one block blob whose metadata carries ``sidecar_sha256``, ``sidecar_mtime_ns``
-and ``sidecar_mode``. ``sidecar_mtime_ns`` is also the version stamp of the conditional-write rule
+Each object is one block blob whose metadata carries ``sidecar_sha256``, ``sidecar_mtime_ns``,
+``sidecar_mode`` and ``sidecar_version``. ``sidecar_version`` (never a clock) orders writes in the conditional-write rule
 that keeps a stale upload from replacing a newer one (see :meth:`AzureBlobStore.put`).
 """
 
@@ -64,6 +64,7 @@ from sidecar.store.base import NotFound, ObjectInfo, ObjectMeta, StoreError, Tra
 META_SHA256 = "sidecar_sha256"
 META_MTIME = "sidecar_mtime_ns"
 META_MODE = "sidecar_mode"
+META_VERSION = "sidecar_version"
 
 #: Mode reported for blobs that carry no sidecar metadata (written by something else).
 FOREIGN_MODE = 0o600
@@ -629,6 +630,15 @@ def _service_detail(e: BaseException) -> str:
     return f": {_one_line(m.group(1), 160)}" if m else ""
 
 
+def _version(value: str | None) -> int:
+    """A blob's ``sidecar_version``; 0 when missing or malformed (written by something else)."""
+    try:
+        number = int(value or 0)
+    except (TypeError, ValueError):
+        return 0
+    return number if 0 <= number < 2**63 else 0
+
+
 def _http_date_ns(value: datetime | None) -> int:
     """Nanoseconds since the epoch of a ``Last-Modified``; 0 when absent."""
     return int(value.timestamp() * 1_000_000_000) if value is not None else 0
@@ -800,13 +810,16 @@ class AzureBlobStore:
               last_modified: datetime | None) -> ObjectInfo:
         md = {k.lower(): v for k, v in (metadata or {}).items()}
         etag = _quoted_etag(etag)
+        version = _version(md.get(META_VERSION))
         try:
             sha = md[META_SHA256]
             if _SHA256_RE.match(sha):
-                return ObjectInfo(key, size, sha, int(md[META_MTIME]), int(md[META_MODE], 8) & 0o7777, etag)
+                mtime = int(md[META_MTIME])
+                return ObjectInfo(key, size, sha, mtime if 0 <= mtime < 2**63 else 0, int(md[META_MODE], 8) & 0o7777,
+                                  etag, version)
         except (KeyError, ValueError, TypeError):
             pass
-        return ObjectInfo(key, size, None, _http_date_ns(last_modified), FOREIGN_MODE, etag)
+        return ObjectInfo(key, size, None, _http_date_ns(last_modified), FOREIGN_MODE, etag, version)
 
     def _where(self) -> str:
         return f"Azure Blob store (account {self.account!r}, container {self.container_name!r})"
@@ -969,20 +982,22 @@ class AzureBlobStore:
     async def put(self, key: str, data: bytes, meta: ObjectMeta) -> ObjectInfo:
         """Upload ``data`` unless the store already holds a newer version of ``key``.
 
-        Conditional-write rule, with ``sidecar_mtime_ns`` as the version stamp: the write is
+        Conditional-write rule, with ``sidecar_version`` as the version: the write is
         conditional on the ETag this store last saw for the blob (``If-Match``), or on the blob's
         absence (``If-None-Match: *``) when it has seen none, so the steady state costs exactly one
         request. When the condition fails (412/409), the blob's properties are read once: if the
-        stored stamp is newer than ``meta.mtime_ns`` nothing is written and the stored object's
-        :class:`ObjectInfo` is returned (the caller sees ``info.mtime_ns != meta.mtime_ns``);
-        otherwise the write is retried against the fresh ETag. Stamps on a blob therefore never
-        go backwards, whichever writer (or store object) finishes first.
+        stored version is higher than ``meta.version`` nothing is written and the stored object's
+        :class:`ObjectInfo` is returned (the caller sees ``info.version > meta.version``);
+        otherwise the write is retried against the fresh ETag. Versions of a blob therefore never
+        go backwards, whichever writer (or store object) finishes first. A blob without a
+        version (an older release's, another tool's) has version 0.
         """
         name = self._name(key)
         self._first_page = None  # a listing from before this write must not be served after it
-        metadata = {META_SHA256: meta.sha256, META_MTIME: str(meta.mtime_ns), META_MODE: format(meta.mode & 0o7777, "o")}
+        metadata = {META_SHA256: meta.sha256, META_MTIME: str(meta.mtime_ns), META_MODE: format(meta.mode & 0o7777, "o"),
+                    META_VERSION: str(meta.version)}
         seen = self._seen.get(name)
-        if seen is not None and seen.sha256 is not None and seen.mtime_ns > meta.mtime_ns:
+        if seen is not None and seen.version > meta.version:
             return seen  # known newer already: a stale upload, superseded without a request
         etag = seen.etag if seen is not None else None
         md5 = hashlib.md5(data).digest()
@@ -993,7 +1008,8 @@ class AzureBlobStore:
                 except _Conflict:
                     pass
                 else:
-                    info = ObjectInfo(key, meta.size, meta.sha256, meta.mtime_ns, meta.mode & 0o7777, _quoted_etag(new_etag))
+                    info = ObjectInfo(key, meta.size, meta.sha256, meta.mtime_ns, meta.mode & 0o7777, _quoted_etag(new_etag),
+                                      meta.version)
                     self._seen[name] = info
                     return info
                 # Conflict: read what is there now, once, and decide.
@@ -1007,7 +1023,7 @@ class AzureBlobStore:
                     continue
                 current = self._info(key, props.size, props.metadata, props.etag, props.last_modified)
                 self._seen[name] = current
-                if current.sha256 is not None and current.mtime_ns > meta.mtime_ns:
+                if current.version > meta.version:
                     log.debug("upload_superseded", key=key, detail="a newer version is in the store")
                     return current
                 etag = current.etag

@@ -14,18 +14,26 @@ from dataclasses import dataclass
 from typing import AsyncIterator, Protocol, runtime_checkable
 
 
+#: Keys of the sidecar's own objects (owner marker, snapshot bundles) begin with this segment;
+#: no root may be called like it (``paths.RESERVED_NAMES``).
+OWN_NAMESPACE = ".sidecar"
+
+
 @dataclass(frozen=True, slots=True)
 class ObjectMeta:
     """What the sidecar records about a file besides its bytes."""
 
     size: int
     sha256: str  # hex digest of the bytes
-    mtime_ns: int
+    mtime_ns: int  # the file's, restored with it; never used to order versions
     mode: int  # permission bits only (0o7777)
+    #: orders writes of one key: a put never replaces a higher version (see :meth:`Store.put`).
+    #: Assigned by the writing sidecar (its fence generation and a counter), never from a clock.
+    version: int = 0
 
     @classmethod
-    def of(cls, data: bytes, mtime_ns: int, mode: int) -> "ObjectMeta":
-        return cls(len(data), hashlib.sha256(data).hexdigest(), mtime_ns, mode & 0o7777)
+    def of(cls, data: bytes, mtime_ns: int, mode: int, version: int = 0) -> "ObjectMeta":
+        return cls(len(data), hashlib.sha256(data).hexdigest(), mtime_ns, mode & 0o7777, version)
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +46,7 @@ class ObjectInfo:
     mtime_ns: int
     mode: int
     etag: str | None = None
+    version: int = 0  # 0: written without one (an older release, another tool)
 
     def same_content(self, meta: ObjectMeta) -> bool:
         return self.sha256 == meta.sha256 and self.size == meta.size
@@ -76,7 +85,12 @@ class Store(Protocol):
         """Connect and check the store is usable (create the container or directory if allowed)."""
 
     async def put(self, key: str, data: bytes, meta: ObjectMeta) -> ObjectInfo:
-        """Store ``data`` under ``key`` atomically: readers see the old object or the new, whole."""
+        """Store ``data`` under ``key`` atomically: readers see the old object or the new, whole.
+
+        Supersede rule: when the stored object's ``version`` is higher than ``meta.version``,
+        nothing is written and the stored object's info is returned (``info.version`` tells the
+        caller): an older upload never replaces a newer one, whichever finishes last. The check
+        and the write are one atomic step (a conditional write, or a lock)."""
 
     async def get(self, key: str) -> tuple[bytes, ObjectInfo]:
         """The object's bytes and metadata; :class:`NotFound` when absent."""

@@ -3,7 +3,7 @@
 Layout under ``<base>/<prefix>/``::
 
     <key>                          the object's bytes, mode and mtime as recorded
-    .sidecar-meta/<key>.json       {"size", "sha256", "mtime_ns", "mode", "data_mtime_ns"}
+    .sidecar-meta/<key>.json       {"size", "sha256", "mtime_ns", "mode", "version", "data_mtime_ns"}
     .sidecar-meta/<dir>/.sidecar-long-<sha256 of name>.json
                                    the same, for a name too long to take the ".json" suffix
                                    (a file name may have 255 bytes; ".sidecar-*" names are never
@@ -14,7 +14,10 @@ A replacement first removes the old metadata record (durably), then writes the d
 record; ``list`` trusts a record only while the data file's size and mtime still match what it
 recorded (``data_mtime_ns``). A crash anywhere in between therefore leaves an object whose sha256
 is unknown (``None``) rather than a wrong one, even when the new version has the old one's size and
-mtime, and reconciliation rewrites it.
+mtime, and reconciliation rewrites it. The record's ``version`` orders writes (the supersede rule
+of :meth:`~sidecar.store.base.Store.put`) and is trusted while the record is there, whatever the
+data file's mtime says: a store copied without mtimes keeps its order. A record-less object has
+version 0, except one of the sidecar's own objects, written with its stamp as the file's mtime.
 
 Below the store's top nothing is followed: a symlink planted inside the store makes the write or
 delete that would pass through it fail (one line naming it), and records and data files are read
@@ -41,7 +44,7 @@ import anyio
 import anyio.to_thread
 
 from sidecar.paths import UnsafeKey, validate_relpath
-from sidecar.store.base import NotFound, ObjectInfo, ObjectMeta, StoreError, StoreFull
+from sidecar.store.base import OWN_NAMESPACE, NotFound, ObjectInfo, ObjectMeta, StoreError, StoreFull
 
 META_DIR = ".sidecar-meta"
 TMP_PREFIX = ".sidecar-tmp-"
@@ -49,6 +52,18 @@ TMP_PREFIX = ".sidecar-tmp-"
 LIST_BATCH = 256
 LONG_META_PREFIX = ".sidecar-long-"
 NAME_MAX = 255  # bytes in one file name (ext4, xfs, tmpfs, NFS, SMB)
+#: The sidecar's own objects (owner marker, bundles): written with their stamp as the mtime too.
+OWN_PREFIX = OWN_NAMESPACE + "/"
+#: File mtimes below this are stamps, not wall-clock times (2^52 ns is in 1970).
+MAX_STAMP_MTIME = 2**52
+
+
+def _bounded(value: object) -> int:
+    """A non-negative integer of a record, or 0 (a record edited by hand)."""
+    number = int(value)  # type: ignore[call-overload]
+    return number if 0 <= number < 2**63 else 0
+
+
 #: A metadata record is a small JSON object; anything larger is not one of ours.
 MAX_RECORD_BYTES = 4096
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -282,10 +297,7 @@ class DirectoryStore:
             try:
                 st = os.stat(data_path, follow_symlinks=False)
                 current = self._info(key, data_path, meta_path, st)
-                # A record-less object is refused too when it is the sidecar's own (the owner
-                # marker, a bundle: always written with their stamp as mtime), or a concurrent
-                # put between its record's removal and its new one would let an older marker in.
-                if current.mtime_ns > meta.mtime_ns and (current.sha256 is not None or key.startswith(".sidecar/")):
+                if current.version > meta.version:
                     return current
                 # the old record must not outlive its bytes (see the module's docstring)
                 _remove_durably(meta_path)
@@ -297,12 +309,14 @@ class DirectoryStore:
                 "sha256": meta.sha256,
                 "mtime_ns": meta.mtime_ns,
                 "mode": meta.mode,
+                "version": meta.version,
                 "data_mtime_ns": written.st_mtime_ns,
             }
             _write_atomic(meta_path, json.dumps(record).encode())
-            return ObjectInfo(key, meta.size, meta.sha256, meta.mtime_ns, meta.mode, str(written.st_mtime_ns))
+            return ObjectInfo(key, meta.size, meta.sha256, meta.mtime_ns, meta.mode, str(written.st_mtime_ns),
+                              meta.version)
 
-        if key.startswith(".sidecar/"):  # the owner marker, bundles: see _locked
+        if key.startswith(OWN_PREFIX):  # the owner marker, bundles: see _locked
             return await self._run(lambda: self._locked(write))
         return await self._run(write)
 
@@ -321,16 +335,20 @@ class DirectoryStore:
             os.close(fd)  # releases the lock
 
     def _info(self, key: str, data_path: str, meta_path: str, st: os.stat_result) -> ObjectInfo:
+        own = key.startswith(OWN_PREFIX)
+        # a stamp is never a wall-clock time (see fence.next_stamp): a copied file's mtime is not one
+        version = st.st_mtime_ns if own and 0 <= st.st_mtime_ns < MAX_STAMP_MTIME else 0
         try:
             rec = _read_record(meta_path)
+            version = _bounded(rec.get("version", 0 if not own else rec.get("mtime_ns", 0)))
             if rec.get("size") == st.st_size and rec.get("data_mtime_ns") == st.st_mtime_ns:
                 return ObjectInfo(
-                    key, st.st_size, rec["sha256"], int(rec["mtime_ns"]), int(rec["mode"]),
-                    str(st.st_mtime_ns),
+                    key, st.st_size, str(rec["sha256"]), _bounded(rec["mtime_ns"]), int(rec["mode"]) & 0o7777,
+                    str(st.st_mtime_ns), version,
                 )
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, OverflowError):
             pass
-        return ObjectInfo(key, st.st_size, None, st.st_mtime_ns, st.st_mode & 0o7777, str(st.st_mtime_ns))
+        return ObjectInfo(key, st.st_size, None, st.st_mtime_ns, st.st_mode & 0o7777, str(st.st_mtime_ns), version)
 
     async def get(self, key: str) -> tuple[bytes, ObjectInfo]:
         data_path, meta_path = self._paths(key)

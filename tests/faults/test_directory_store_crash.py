@@ -66,15 +66,15 @@ def test_a_copied_store_keeps_its_checksums(tmp_path):
     async def main():
         store = DirectoryStore(str(tmp_path / "store"))
         await store.open()
-        await store.put("r/a.json", data, ObjectMeta.of(data, STAMP, 0o600))
+        await store.put("r/a.json", data, ObjectMeta.of(data, STAMP, 0o600, version=2))
         await store.aclose()
         shutil.copytree(tmp_path / "store", tmp_path / "copy", symlinks=True)
         copy = DirectoryStore(str(tmp_path / "copy"))
         await copy.open()
         assert (await copy.get("r/a.json"))[1].sha256 == ObjectMeta.of(data, 0, 0).sha256
         older = b"older one"
-        info = await copy.put("r/a.json", older, ObjectMeta.of(older, STAMP - 1, 0o600))
-        assert info.mtime_ns == STAMP and (await copy.get("r/a.json"))[0] == data
+        info = await copy.put("r/a.json", older, ObjectMeta.of(older, STAMP - 1, 0o600, version=1))
+        assert info.version == 2 and (await copy.get("r/a.json"))[0] == data
         await copy.aclose()
 
     anyio.run(main)
@@ -92,11 +92,11 @@ def test_an_older_owner_marker_is_refused_while_the_record_is_being_replaced(tmp
     async def main():
         store = DirectoryStore(str(tmp_path / "store"))
         await store.open()
-        await store.put(OWNER_KEY, marker, ObjectMeta.of(marker, 2 << 32, 0o600))
+        await store.put(OWNER_KEY, marker, ObjectMeta.of(marker, 2 << 32, 0o600, version=2 << 32))
         _data_path, meta_path = store._paths(OWNER_KEY)
         directory_mod._remove_durably(meta_path)  # a replacement of it under way
-        info = await store.put(OWNER_KEY, older, ObjectMeta.of(older, 1 << 32, 0o600))
-        assert info.mtime_ns == 2 << 32, "an older marker was accepted"
+        info = await store.put(OWNER_KEY, older, ObjectMeta.of(older, 1 << 32, 0o600, version=1 << 32))
+        assert info.version == 2 << 32, "an older marker was accepted"
         assert (await store.get(OWNER_KEY))[0] == marker
         await store.aclose()
 

@@ -123,7 +123,6 @@ def test_a_full_store_recovers_within_seconds_of_space_returning(tmp_path):
         subprocess.run(["umount", "-l", str(store)], capture_output=True)
 
 
-@pytest.mark.xfail(strict=True, reason="the store still orders the owner marker by its file's mtime")
 def test_huge_stored_numbers_are_malformed_values_not_crashes(tmp_path):
     """A stored mtime of 10^30 and an owner marker naming generation 2^100 (a store edited by
     hand, or by something else): the restore and the claim go on, one line each at most."""

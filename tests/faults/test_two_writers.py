@@ -104,7 +104,7 @@ def test_losing_a_simultaneous_claim_fences_us_before_any_write(tmp_path):
         # the other's stamp: generation 1 with low bits no claim of ours can draw (all ones)
         stamp = (1 << 32) | (2**32 - 1)
         marker = b'{"generation": %d, "owner": "other", "heartbeat": 0}' % stamp
-        await store.put(OWNER_KEY, marker, ObjectMeta.of(marker, stamp, 0o600))
+        await store.put(OWNER_KEY, marker, ObjectMeta.of(marker, stamp, 0o600, version=stamp))
         daemon = Daemon(settings, roots, store)
         await daemon.prepare()
         async with anyio.create_task_group() as tg:
@@ -313,7 +313,7 @@ def test_a_snapshot_commit_stops_at_the_first_write_after_it_is_fenced(tmp_path)
                 type(self).written.append(key)
                 if len(type(self).written) == 1:  # a newer sidecar claims the prefix now
                     newer = b'{"generation": %d, "owner": "newer", "heartbeat": 0}' % (9 << 32)
-                    await super().put(OWNER_KEY, newer, ObjectMeta.of(newer, 9 << 32, 0o600))
+                    await super().put(OWNER_KEY, newer, ObjectMeta.of(newer, 9 << 32, 0o600, version=9 << 32))
             return info
 
     async def main():

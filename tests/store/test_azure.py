@@ -25,7 +25,8 @@ assert len(FAKE_KEY) == 88 and FAKE_KEY.endswith("==")
 
 
 def meta(data: bytes, mtime_ns: int, mode: int = 0o600) -> ObjectMeta:
-    return ObjectMeta.of(data, mtime_ns, mode)
+    """The test's stamps order writes: each is the object's version and, for reading, its mtime."""
+    return ObjectMeta.of(data, mtime_ns, mode, version=mtime_ns)
 
 
 def secrets_absent(text: str, *secrets: str) -> bool:
@@ -450,7 +451,8 @@ async def test_content_md5_and_metadata_on_uploaded_blobs(azure_stores):
             props = await container.get_blob_client(name).get_blob_properties()
             assert props.content_settings.content_md5 == hashlib.md5(data).digest(), name
             assert props.metadata == {"sidecar_sha256": hashlib.sha256(data).hexdigest(),
-                                      "sidecar_mtime_ns": str(mtime), "sidecar_mode": mode}
+                                      "sidecar_mtime_ns": str(mtime), "sidecar_mode": mode,
+                                      "sidecar_version": str(mtime)}
             assert props.blob_type == "BlockBlob" and props.size == len(data)
     assert (await small.get("r/many"))[0] == many
 

@@ -12,8 +12,8 @@ from sidecar.store.base import NotFound, ObjectInfo, ObjectMeta, Store, StoreErr
 pytestmark = pytest.mark.anyio
 
 
-def meta(data: bytes, mtime_ns: int = 1_700_000_000_123_456_789, mode: int = 0o640) -> ObjectMeta:
-    return ObjectMeta.of(data, mtime_ns, mode)
+def meta(data: bytes, mtime_ns: int = 1_700_000_000_123_456_789, mode: int = 0o640, version: int = 0) -> ObjectMeta:
+    return ObjectMeta.of(data, mtime_ns, mode, version)
 
 
 async def listed(store: Store, prefix: str = "") -> dict[str, ObjectInfo]:
@@ -138,20 +138,24 @@ async def test_unusual_key_names(make_store, key):
 async def test_stale_upload_never_replaces_newer(make_store):
     store = await make_store()
     new, old = b"new version", b"old"
-    await store.put("r/s", new, meta(new, mtime_ns=2000))
-    info = await store.put("r/s", old, meta(old, mtime_ns=1000))
-    assert info.mtime_ns == 2000 and info.sha256 == meta(new).sha256  # superseded: what is stored
+    await store.put("r/s", new, meta(new, mtime_ns=1000, version=2000))
+    info = await store.put("r/s", old, meta(old, mtime_ns=2000, version=1000))  # a later mtime is no version
+    assert info.version == 2000 and info.sha256 == meta(new).sha256  # superseded: what is stored
     data, ginfo = await store.get("r/s")
-    assert data == new and ginfo.mtime_ns == 2000
+    assert data == new and ginfo.version == 2000 and ginfo.mtime_ns == 1000
+    assert [i.version for i in (await listed(store)).values()] == [2000]
     # A second store object on the same place (another sidecar) is held to the same rule.
     other = await make_store()
-    info = await other.put("r/s", old, meta(old, mtime_ns=1500))
-    assert info.mtime_ns == 2000
+    info = await other.put("r/s", old, meta(old, version=1500))
+    assert info.version == 2000
     assert (await store.get("r/s"))[0] == new
-    # Equal or newer stamps do replace it.
+    # Equal or newer versions do replace it, whatever their mtime.
     newest = b"newest"
-    assert (await other.put("r/s", newest, meta(newest, mtime_ns=3000))).mtime_ns == 3000
+    assert (await other.put("r/s", newest, meta(newest, mtime_ns=5, version=3000))).version == 3000
     assert (await store.get("r/s"))[0] == newest
+    # An object written without a version (an older release) is replaced by any versioned write.
+    await store.put("r/u", old, meta(old))
+    assert (await store.put("r/u", new, meta(new, mtime_ns=1, version=1))).version == 1
 
 
 async def test_prefix_isolation(make_store):
