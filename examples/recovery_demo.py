@@ -1,74 +1,193 @@
 """The recovery story: a paused workflow survives losing its disk and its process.
 
 1. The sample approval agent runs under ``checkpoint-sidecar run --`` (directory store).
-2. ``POST /responses {"input": "ship it"}`` pauses the workflow on ``request_info``.
+2. ``POST /responses {"input": "ship it"}`` pauses the workflow on ``request_info``; the sidecar
+   mirrors the checkpoint the host writes.
 3. The host is stopped and its ``.checkpoints`` / ``.function_approvals`` are deleted: what the
    platform does when it recreates an idle session's compute.
 4. The host starts again under the sidecar, which restores the state before the host starts.
 5. The continuation (``function_call_output`` = "approved") completes.
-The same steps without the sidecar are run first, to show the failure being fixed.
+
+The same steps without the sidecar show the failure being fixed. Both runs go at once (their
+lines are printed one run after the other). Lines marked ``[sidecar]`` are the sidecar's own log
+events, read from its JSON log. The store is a temporary directory, removed at the end, unless
+``--store DIR`` names one to keep.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import queue
 import shutil
 import sys
 import tempfile
-import time
+import threading
 from pathlib import Path
+from typing import Callable
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
-from agenthost import AgentHost, ensure_venv  # noqa: E402  (the same harness the tests use)
+from agenthost import AgentHost, ensure_venv, wait_for  # noqa: E402  (the harness the tests use)
+from support import json_lines  # noqa: E402
+
+#: The namespace inside the store that the demo's sidecar uses.
+PREFIX = "demo"
+
+#: The agent host's environment: no telemetry leaves the machine.
+HOST_ENV = {"AGENT_OBSERVABILITY": "0", "APPLICATIONINSIGHTS_STATSBEAT_DISABLED_ALL": "true"}
 
 
-def say(msg: str) -> None:
-    print(f"[demo] {msg}", flush=True)
+def human_bytes(n: int) -> str:
+    return f"{n} B" if n < 1024 else f"{n / 1024:.1f} KiB"
 
 
-def story(python: str, workdir: Path, wrapper: list[str] | None, label: str) -> str:
-    say(f"--- {label} ---")
-    host = AgentHost(workdir, python, wrapper=wrapper).start().wait_ready(60)
-    rid, call_id = host.first_request()
-    say(f"first request paused on request_info: response {rid}, call {call_id}")
-    host.stop()
-    for name in (".checkpoints", ".function_approvals"):
-        shutil.rmtree(workdir / name, ignore_errors=True)
-    say("host stopped and its local state deleted (compute recreated)")
-    host = AgentHost(workdir, python, wrapper=wrapper).start().wait_ready(60)
-    outcome = host.continue_(rid, call_id, "approved")
-    host.stop()
-    say(f"continuation: {outcome.status}: {outcome.text or outcome.error}")
-    return outcome.text or ""
+def sidecar_line(e: dict) -> str | None:
+    """One of the sidecar's log events as a short line, or None for the events not shown."""
+    ev = e.get("event")
+    if ev == "store":
+        return f"store {e.get('store')}, namespace {e.get('namespace')}"
+    if ev == "restore_decision":
+        return f"{Path(str(e.get('root'))).name}: {e.get('reason')} ({e.get('stored')} stored)"
+    if ev == "restore_done":
+        files = e.get("files")
+        return f"restored {files} file{'' if files == 1 else 's'} ({human_bytes(int(e.get('bytes') or 0))}) in {e.get('seconds')} s"
+    if ev == "child_started":
+        return "host started as the sidecar's child"
+    if ev == "uploaded":
+        return f"mirrored {e.get('path')} ({human_bytes(int(e.get('bytes') or 0))})"
+    if ev == "deleted":
+        return f"mirrored the deletion of {e.get('path')}"
+    if ev == "child_exited":
+        return f"host exited with {e.get('code')}"
+    if ev == "shutdown_flushed":
+        return (f"flushed: {e.get('uploaded')} uploaded, {e.get('deleted')} deleted, "
+                f"nothing pending, in {e.get('seconds')} s")
+    if ev == "shutdown_pending":
+        return f"NOT flushed: {e.get('pending')} changes pending"
+    if e.get("level") in ("warning", "error"):
+        return f"{e.get('level')}: {ev} " + " ".join(f"{k}={v}" for k, v in e.items() if k not in ("ts", "level", "event"))
+    return None
+
+
+class Story:
+    """One run of the story; its lines go to ``out`` (a queue the main thread prints from)."""
+
+    def __init__(self, label: str, python: str, workdir: Path, wrapper: list[str] | None, env: dict) -> None:
+        self.label, self.python, self.workdir, self.wrapper, self.env = label, python, workdir, wrapper, env
+        self.out: queue.Queue[str | None] = queue.Queue()
+        self.text = ""
+        self.failure: BaseException | None = None
+        self._seen = 0
+
+    def say(self, msg: str) -> None:
+        self.out.put(f"[demo] {msg}")
+
+    def sidecar_events(self, host: AgentHost, until: Callable[[list[dict]], bool] | None = None) -> list[dict]:
+        """Print the sidecar's new log events (polling, with a deadline, until ``until`` holds)."""
+        if self.wrapper is None:
+            return []
+        events: list[dict] = []
+
+        def fresh() -> bool:
+            nonlocal events
+            events = [e for e in json_lines(host.log) if "event" in e][self._seen:]
+            return until is None or until(events)
+
+        wait_for(fresh, 15.0, "the sidecar's log line", host.log_tail)
+        self._seen += len(events)
+        for e in events:
+            if (line := sidecar_line(e)) is not None:
+                self.out.put(f"[sidecar] {line}")
+        return events
+
+    def start(self) -> AgentHost:
+        self._seen = 0
+        host = AgentHost(self.workdir, self.python, wrapper=self.wrapper, env=self.env).start().wait_ready(60)
+        self.sidecar_events(host, lambda ev: any(e["event"] == "child_started" for e in ev))
+        self.say(f"host ready at {host.base_url}")
+        return host
+
+    def run(self) -> None:
+        try:
+            self.say(f"--- {self.label} ---")
+            host = self.start()
+            rid, call_id = host.first_request()
+            self.say(f"first request paused on request_info: response {rid}, call {call_id}")
+            self.sidecar_events(host, lambda ev: any(e["event"] == "uploaded" for e in ev))
+            host.stop()
+            self.sidecar_events(host, lambda ev: any(e["event"] in ("shutdown_flushed", "shutdown_pending")
+                                                     for e in ev))
+            for name in (".checkpoints", ".function_approvals"):
+                shutil.rmtree(self.workdir / name, ignore_errors=True)
+            self.say("host stopped, .checkpoints and .function_approvals deleted (the compute is recreated)")
+            host = self.start()
+            outcome = host.continue_(rid, call_id, "approved")
+            host.stop()
+            self.sidecar_events(host, lambda ev: any(e["event"] in ("shutdown_flushed", "shutdown_pending")
+                                                     for e in ev))
+            self.say(f"continuation: {outcome.status}: {outcome.text or outcome.error}")
+            self.text = outcome.text or ""
+        except BaseException as exc:  # noqa: BLE001  (reported by the main thread)
+            self.failure = exc
+        finally:
+            self.out.put(None)
+
+    def print_lines(self) -> None:
+        while (line := self.out.get()) is not None:
+            print(line, flush=True)
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--store", help="directory store (default: the sidecar's default, with a fresh prefix)")
+    p.add_argument("--store", type=Path, help="directory store to use and keep (default: a temporary one)")
     p.add_argument("--skip-control", action="store_true", help="skip the run without the sidecar")
     args = p.parse_args()
     python = ensure_venv("issue")
-    sidecar = [sys.executable, "-m", "sidecar", "run", "--http-addr", ""]
-    if args.store:
-        sidecar += ["--store", args.store]
-    sidecar += ["--prefix", f"demo-{int(time.time())}", "--"]
+    # The demo's own settings only: a SIDECAR_* variable of the caller's shell plays no part.
+    env: dict[str, str | None] = {k: None for k in os.environ if k.upper().startswith("SIDECAR_")}
+    env.update(HOST_ENV)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
     with tempfile.TemporaryDirectory(prefix="sidecar-demo-") as tmp:
+        store = args.store.resolve() if args.store else Path(tmp) / "store"
+        kept = "kept" if args.store else "removed at the end"
+        print(f"[demo] store: {store}/{PREFIX} (a directory store, {kept})", flush=True)
+        wrapped_env = dict(env, SIDECAR_LOG_FORMAT="json", SIDECAR_LOG_LEVEL="debug")
+        sidecar = [sys.executable, "-m", "sidecar", "run", "--http-addr", "", "--store", str(store),
+                   "--prefix", PREFIX, "--"]
+        stories = []
         if not args.skip_control:
             (Path(tmp) / "bare").mkdir()
-            text = story(python, Path(tmp) / "bare", None, "without the sidecar")
-            say("as expected, the workflow could not resume" if "approved" not in text else "unexpected: resumed")
+            stories.append(Story("1. without the sidecar", python, Path(tmp) / "bare", None, env))
         (Path(tmp) / "wrapped").mkdir()
-        text = story(python, Path(tmp) / "wrapped", sidecar, "under checkpoint-sidecar run --")
-    if text.endswith("Completed with decision: approved"):
-        say("recovered: the paused workflow completed after compute recreation")
+        wrapped = Story(f"{len(stories) + 1}. under checkpoint-sidecar run --", python, Path(tmp) / "wrapped",
+                        sidecar, wrapped_env)
+        stories.append(wrapped)
+        threads = [threading.Thread(target=s.run, daemon=True) for s in stories]
+        for t in threads:
+            t.start()
+        for story in stories:
+            story.print_lines()
+            if story is not wrapped and story.failure is None:
+                resumed = "approved" in story.text
+                print("[demo] unexpected: resumed without the sidecar" if resumed else
+                      "[demo] as expected, the workflow could not resume: its checkpoint went with the disk",
+                      flush=True)
+        for t in threads:
+            t.join()
+        for story in stories:
+            if story.failure is not None:
+                print(f"[demo] FAILED ({story.label}): {story.failure}", flush=True)
+                return 1
+    if wrapped.text.endswith("Completed with decision: approved"):
+        print("[demo] recovered: the paused workflow completed after compute recreation", flush=True)
+        if args.store:
+            print(f"[demo] the store is kept in {store}; remove it with: rm -r {store}", flush=True)
         return 0
-    say("FAILED: the continuation did not complete")
+    print("[demo] FAILED: the continuation did not complete", flush=True)
     return 1
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("PYTHONPATH", str(REPO))
     raise SystemExit(main())
