@@ -133,7 +133,7 @@ class Daemon:
                               deadline)
         self.listing, result = await restore(self.store, self.roots, mode=self.settings.restore,
                                              concurrency=self.settings.concurrency, deadline=deadline,
-                                             on_corrupt=self.settings.restore_corrupt)
+                                             on_corrupt=self.settings.restore_corrupt, max_file_size=self.settings.max_file_size)
         self.health.restore = result
         self.kept_keys |= set(result.refused) | set(result.quarantined)
         self.namespace_empty = not self.listing.objects and not self.listing.bundles and not self.listing.unsafe

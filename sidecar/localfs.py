@@ -10,9 +10,10 @@ import os
 import secrets
 import stat
 from dataclasses import dataclass, field
+from typing import AsyncIterator, Iterator
 
 from sidecar.paths import MAX_KEY_BYTES, RESTORE_MARKER, RESTORE_TMP_PREFIX, IgnoreRules, Root
-from sidecar.store.base import ObjectMeta
+from sidecar.store.base import CHUNK_BYTES, ObjectMeta
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,28 +176,41 @@ def has_regular_files(path: str) -> bool:
     return False
 
 
+def _open_file_nofollow(root: Root, parts: list[str]) -> int:
+    """An fd of the regular file ``root/parts...`` reached without following any symlink below the
+    root; :class:`Vanished` when there is none."""
+    try:
+        dfd = _open_dir_nofollow(root.path, parts[:-1], create=False)
+    except (FileNotFoundError, NotADirectoryError, UnsafeTarget):
+        raise Vanished("/".join(parts)) from None
+    try:
+        fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+    except (FileNotFoundError, NotADirectoryError):
+        raise Vanished("/".join(parts)) from None
+    except OSError as e:
+        if e.errno == errno.ELOOP:  # a symlink: never followed
+            raise Vanished("/".join(parts)) from None
+        raise
+    finally:
+        os.close(dfd)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise Vanished("/".join(parts))
+    return fd
+
+
+def _same_version(a: os.stat_result, b: os.stat_result) -> bool:
+    return (a.st_size == b.st_size and a.st_mtime_ns == b.st_mtime_ns and a.st_ctime_ns == b.st_ctime_ns
+            and a.st_ino == b.st_ino)
+
+
 def read_stable(root: Root, parts: list[str], max_size: int, attempts: int = 5) -> tuple[bytes, ObjectMeta]:
     """The bytes and metadata of ``root/parts...``, reached without following any symlink below
     the root, and only if the file did not change while it was read (retried ``attempts`` times)."""
     for _ in range(attempts):
-        try:
-            dfd = _open_dir_nofollow(root.path, parts[:-1], create=False)
-        except (FileNotFoundError, NotADirectoryError, UnsafeTarget):
-            raise Vanished("/".join(parts)) from None
-        try:
-            fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
-        except (FileNotFoundError, NotADirectoryError):
-            raise Vanished("/".join(parts)) from None
-        except OSError as e:
-            if e.errno == errno.ELOOP:  # a symlink: never followed
-                raise Vanished("/".join(parts)) from None
-            raise
-        finally:
-            os.close(dfd)
+        fd = _open_file_nofollow(root, parts)
         try:
             before = os.fstat(fd)
-            if not stat.S_ISREG(before.st_mode):
-                raise Vanished("/".join(parts))
             if before.st_size > max_size:
                 raise TooLarge(f"{before.st_size} bytes > limit {max_size}")
             chunks = []
@@ -209,12 +223,91 @@ def read_stable(root: Root, parts: list[str], max_size: int, attempts: int = 5) 
             after = os.fstat(fd)
         finally:
             os.close(fd)
-        if (
-            len(data) == after.st_size == before.st_size
-            and after.st_mtime_ns == before.st_mtime_ns
-            and after.st_ctime_ns == before.st_ctime_ns
-        ):
+        if len(data) == after.st_size and _same_version(before, after):
             return data, ObjectMeta.of(data, after.st_mtime_ns, after.st_mode)
+    raise Unstable("/".join(parts))
+
+
+#: Files above this size are streamed both ways (never held whole in memory), in chunks of
+#: STREAM_CHUNK bytes; memory stays bounded by chunk size times concurrency.
+STREAM_MIN = 8 * 1024 * 1024
+STREAM_CHUNK = CHUNK_BYTES
+
+
+@dataclass
+class FileSource:
+    """A large file to store, read in chunks, never whole. Its metadata was hashed from one stable
+    read; every later read checks that it still is that version, and fails (:class:`Unstable`)
+    after its last chunk otherwise, so a store never commits bytes it was not told the hash of."""
+
+    root: Root
+    parts: list[str]
+    size: int
+    sha256: str
+    md5: bytes  # the whole file's, for stores that record a Content-MD5
+    version: tuple[int, int, int, int]  # size, mtime_ns, ctime_ns, inode of the hashed read
+
+    def iter_sync(self) -> Iterator[bytes]:
+        """The file's chunks, read here (blocking); raises Unstable after the last if it changed."""
+        fd = _open_file_nofollow(self.root, self.parts)
+        try:
+            digest = hashlib.sha256()
+            while chunk := os.read(fd, STREAM_CHUNK):
+                digest.update(chunk)
+                yield chunk
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
+        if (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino) != self.version or digest.hexdigest() != self.sha256:
+            raise Unstable("/".join(self.parts))
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """:meth:`iter_sync` with every read in a worker thread."""
+        import anyio.to_thread
+
+        it = self.iter_sync()
+        done = object()
+        try:
+            while (chunk := await anyio.to_thread.run_sync(next, it, done)) is not done:
+                yield chunk  # type: ignore[misc]
+        finally:
+            it.close()
+
+
+def read_for_upload(root: Root, parts: list[str], max_size: int) -> tuple["bytes | FileSource", ObjectMeta]:
+    """What to upload for ``root/parts...``: its bytes (:func:`read_stable`), or for a file above
+    :data:`STREAM_MIN` a :class:`FileSource` (:func:`hash_stable`) that the store streams."""
+    fd = _open_file_nofollow(root, parts)
+    try:
+        size = os.fstat(fd).st_size
+    finally:
+        os.close(fd)
+    if size > STREAM_MIN:
+        return hash_stable(root, parts, max_size)
+    return read_stable(root, parts, max_size)
+
+
+def hash_stable(root: Root, parts: list[str], max_size: int, attempts: int = 5) -> tuple[FileSource, ObjectMeta]:
+    """Like :func:`read_stable` for a large file: hashed in chunks, never held; the source reads
+    it again for the store."""
+    for _ in range(attempts):
+        fd = _open_file_nofollow(root, parts)
+        try:
+            before = os.fstat(fd)
+            if before.st_size > max_size:
+                raise TooLarge(f"{before.st_size} bytes > limit {max_size}")
+            sha, md5, size = hashlib.sha256(), hashlib.md5(), 0
+            while chunk := os.read(fd, STREAM_CHUNK):
+                sha.update(chunk)
+                md5.update(chunk)
+                size += len(chunk)
+            after = os.fstat(fd)
+        finally:
+            os.close(fd)
+        if size == after.st_size and _same_version(before, after):
+            source = FileSource(root, list(parts), size, sha.hexdigest(), md5.digest(),
+                                (after.st_size, after.st_mtime_ns, after.st_ctime_ns, after.st_ino))
+            return source, ObjectMeta(size, source.sha256, after.st_mtime_ns, after.st_mode & 0o7777)
     raise Unstable("/".join(parts))
 
 
@@ -308,6 +401,68 @@ class ChecksumMismatch(Exception):
     pass
 
 
+class RestoreTemp:
+    """One restored file being written: a temp file in the target directory (reached without
+    following a symlink), hashed as written; :meth:`finish` checks it against the stored sha256,
+    sets mode and mtime and renames it over the target; :meth:`abort` leaves nothing behind.
+    Blocking; a large file is written a chunk at a time, so it is never held whole."""
+
+    def __init__(self, root: Root, parts: list[str], dirs: OpenDirs | None = None) -> None:
+        self.parts = parts
+        self._own_dfd = dirs is None
+        self.dfd = dirs.get(root, parts[:-1]) if dirs is not None else _open_dir_nofollow(root.path, parts[:-1], create=True)
+        self.tmp = RESTORE_TMP_PREFIX + secrets.token_hex(6)
+        self.digest = hashlib.sha256()
+        try:
+            self.fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                              dir_fd=self.dfd)
+        except BaseException:
+            self._close_dir()
+            raise
+
+    def write(self, data: bytes) -> None:
+        self.digest.update(data)
+        view = memoryview(data)
+        while view:
+            n = os.write(self.fd, view)
+            view = view[n:]
+
+    def finish(self, mtime_ns: int, mode: int, sha256: str | None) -> None:
+        try:
+            if sha256 is not None and self.digest.hexdigest() != sha256:
+                raise ChecksumMismatch("/".join(self.parts))
+            os.fchmod(self.fd, safe_mode(mode))
+            if 0 <= mtime_ns < MAX_MTIME_NS:  # a stored value out of range: the file keeps the time of now
+                os.utime(self.fd, ns=(mtime_ns, mtime_ns))
+            os.close(self.fd)
+            self.fd = -1
+            # rename replaces a symlink itself, never what it points to, and refuses (EISDIR) to
+            # replace a directory
+            try:
+                os.rename(self.tmp, self.parts[-1], src_dir_fd=self.dfd, dst_dir_fd=self.dfd)
+            except IsADirectoryError:
+                raise UnsafeTarget(f"{'/'.join(self.parts)} is a directory on disk") from None
+        except BaseException:
+            self.abort()
+            raise
+        self._close_dir()
+
+    def abort(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        try:
+            os.unlink(self.tmp, dir_fd=self.dfd)
+        except OSError:
+            pass
+        self._close_dir()
+
+    def _close_dir(self) -> None:
+        if self._own_dfd and self.dfd >= 0:
+            os.close(self.dfd)
+        self.dfd = -1
+
+
 def write_restored(root: Root, parts: list[str], data: bytes, mtime_ns: int, mode: int,
                    sha256: str | None = None, dirs: OpenDirs | None = None) -> None:
     """Place one restored file atomically: checked against ``sha256`` (when known), written to a
@@ -315,35 +470,13 @@ def write_restored(root: Root, parts: list[str], data: bytes, mtime_ns: int, mod
     behind on failure (a full disk included). ``dirs`` keeps the directories open between calls."""
     if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
         raise ChecksumMismatch("/".join(parts))
-    dfd = dirs.get(root, parts[:-1]) if dirs is not None else _open_dir_nofollow(root.path, parts[:-1], create=True)
-    tmp = RESTORE_TMP_PREFIX + secrets.token_hex(6)
+    temp = RestoreTemp(root, parts, dirs)
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
-        try:
-            view = memoryview(data)
-            while view:
-                n = os.write(fd, view)
-                view = view[n:]
-            os.fchmod(fd, safe_mode(mode))
-            if 0 <= mtime_ns < MAX_MTIME_NS:  # a stored value out of range: the file keeps the time of now
-                os.utime(fd, ns=(mtime_ns, mtime_ns))
-        except BaseException:
-            os.close(fd)
-            os.unlink(tmp, dir_fd=dfd)
-            raise
-        os.close(fd)
-        # rename replaces a symlink itself, never what it points to, and refuses (EISDIR) to
-        # replace a directory
-        try:
-            os.rename(tmp, parts[-1], src_dir_fd=dfd, dst_dir_fd=dfd)
-        except BaseException as e:
-            os.unlink(tmp, dir_fd=dfd)
-            if isinstance(e, IsADirectoryError):
-                raise UnsafeTarget(f"{'/'.join(parts)} is a directory on disk") from None
-            raise
-    finally:
-        if dirs is None:
-            os.close(dfd)
+        temp.write(data)
+    except BaseException:
+        temp.abort()
+        raise
+    temp.finish(mtime_ns, mode, None)  # checked above, before anything was written
 
 
 def safe_mode(mode: int) -> int:

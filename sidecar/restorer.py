@@ -26,7 +26,7 @@ import anyio.to_thread
 
 from sidecar import log, metrics
 from sidecar.localfs import (
-    ChecksumMismatch, OpenDirs, UnsafeTarget, clear_restoring, has_regular_files, mark_restoring, printable, remove_stale_restore_temps,
+    STREAM_MIN, ChecksumMismatch, OpenDirs, RestoreTemp, UnsafeTarget, clear_restoring, has_regular_files, mark_restoring, printable, remove_stale_restore_temps,
     restore_cut_short, syncfs, unmirrorable_reason, write_restored,
 )
 from sidecar.paths import Root, UnsafeKey, split_key
@@ -194,8 +194,9 @@ class _Restore:
     the listing is still being fetched and parsed."""
 
     def __init__(self, store: Store, roots: list[Root], candidates: dict[str, Root], result: RestoreResult,
-                 on_corrupt: str = "fail") -> None:
+                 on_corrupt: str = "fail", max_file_size: int = 2**63) -> None:
         self.store = store
+        self.max_file_size = max_file_size  # larger objects are refused (kept in the store)
         self.on_corrupt = on_corrupt  # "fail": a corrupt object fails the restore; "skip": quarantined
         self.by_name = {r.name: r for r in roots}
         self.candidates = candidates  # roots the disk lets us fill, if anything is stored
@@ -281,6 +282,14 @@ class _Restore:
 
     async def _place(self, root: Root, info: ObjectInfo, bundled: Change | None) -> None:
         _, parts = split_key(info.key, self.by_name)  # checked when queued
+        if bundled is None and info.size > self.max_file_size:
+            log.error("restore_refused_too_large", path=info.key, size=info.size, limit=self.max_file_size,
+                      detail="larger than SIDECAR_MAX_FILE_SIZE: not restored, kept in the store")
+            self.result.refused.append(info.key)
+            self.progress.forget(info.size)
+            return
+        streamed = bundled is None and info.size > STREAM_MIN
+        data = b""
         for attempt in (1, 2):
             if bundled is not None:  # verified when the bundle was decoded
                 data, got, expected = bundled.data or b"", info, None
@@ -288,7 +297,10 @@ class _Restore:
                 if self._superseded(root, info):  # the bundle is known already: no download
                     return
                 try:
-                    data, got = await self.store.get(info.key)
+                    if streamed:  # too large to hold: written as it arrives, a chunk at a time
+                        got, chunks = await self.store.get_stream(info.key)
+                    else:
+                        data, got = await self.store.get(info.key)
                 except NotFound:
                     log.warning("restore_vanished", path=info.key)
                     return
@@ -296,15 +308,19 @@ class _Restore:
                 # a "not found"); writes do.
                 await self.overlay_known[root.name].wait()
                 if self._superseded(root, info):
+                    if streamed:
+                        await chunks.aclose()  # type: ignore[attr-defined]
                     return
                 expected = got.sha256 or info.sha256
-                if expected is None:
+                if expected is None and attempt == 1:
                     self.result.unverified += 1
             try:
+                if streamed:
+                    await _write_streamed(root, parts, chunks, got, expected)
                 # Verified, written and renamed: a large file in a worker thread (hashing
                 # 100 MiB in the event loop would stall the other downloads), a small one
                 # right here, where it costs less than the hand-off to a thread and back.
-                if len(data) > INLINE_WRITE_MAX:
+                elif len(data) > INLINE_WRITE_MAX:
                     await anyio.to_thread.run_sync(write_restored, root, parts, data, got.mtime_ns, got.mode, expected)
                 else:
                     write_restored(root, parts, data, got.mtime_ns, got.mode, expected, self.dirs)
@@ -331,12 +347,13 @@ class _Restore:
             self.progress.forget(info.size)
             metrics.quarantined()
             return
-        if info.key.startswith(".checkpoints/") or info.key.endswith(".json"):
+        if not streamed and (info.key.startswith(".checkpoints/") or info.key.endswith(".json")):
             name = generated_name(data)
             if name:
                 self.result.generated_names.add(name)
-        self.progress.add(len(data))
-        metrics.restored(len(data))
+        size = got.size if streamed else len(data)
+        self.progress.add(size)
+        metrics.restored(size)
 
     def stored(self) -> dict[str, int]:
         """Files stored per root, with the bundles' changes applied."""
@@ -361,6 +378,7 @@ async def restore(
     concurrency: int = 16,
     deadline: float = 0.0,
     on_corrupt: str = "fail",
+    max_file_size: int = 2**63,
 ) -> tuple[Listing, RestoreResult]:
     """Restore by the rule (:func:`sidecar.plan.decide_restore`) while the store is listed; the
     listing (the store's content, for mirroring) and what was restored. A listing or bundle read
@@ -381,7 +399,7 @@ async def restore(
             candidates[root.name] = root
             await anyio.to_thread.run_sync(remove_stale_restore_temps, root)
 
-    run = _Restore(store, roots, candidates, result, on_corrupt)
+    run = _Restore(store, roots, candidates, result, on_corrupt, max_file_size)
     try:
         async with anyio.create_task_group() as flushing:
             flushing.start_soon(_flush_as_it_fills, run.progress, run.started)
@@ -444,6 +462,20 @@ async def restore(
     log.info("restore_done", files=result.files, bytes=result.bytes, seconds=round(result.seconds, 3),
              refused=len(result.refused), quarantined=len(result.quarantined), unverified=result.unverified)
     return run.listing, result
+
+
+async def _write_streamed(root: Root, parts: list[str], chunks, got: ObjectInfo, expected: str | None) -> None:
+    """Write a large object as its chunks arrive (each write in a worker thread), then verify and
+    place it (:class:`~sidecar.localfs.RestoreTemp`); nothing is left behind on failure."""
+    temp = await anyio.to_thread.run_sync(RestoreTemp, root, parts)
+    try:
+        async for chunk in chunks:
+            await anyio.to_thread.run_sync(temp.write, chunk)
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(temp.abort)
+        raise
+    await anyio.to_thread.run_sync(temp.finish, got.mtime_ns, got.mode, expected)
 
 
 def leaves(eg: BaseException):

@@ -20,8 +20,8 @@ import anyio.to_thread
 from anyio.abc import TaskStatus
 
 from sidecar import log, metrics
-from sidecar.localfs import (TooLarge, Unstable, Vanished, absent, below_root_without_links, read_stable,
-                             release_free_memory, scan_root)
+from sidecar.localfs import (TooLarge, Unstable, Vanished, absent, below_root_without_links, read_for_upload,
+                             read_stable, release_free_memory, scan_root)
 from sidecar.paths import IgnoreRules, Root, UnsafeKey, locate, make_key, split_key
 from sidecar.queue import DELETE, UPLOAD, Op, PendingSet
 from sidecar.retry import backoff
@@ -483,7 +483,7 @@ class Uploader:
     async def _upload(self, op: Op, started: float | None) -> None:
         root, parts = split_key(op.key, self.roots_by_name)
         try:
-            data, meta = await anyio.to_thread.run_sync(read_stable, root, parts, self.max_file_size)
+            data, meta = await anyio.to_thread.run_sync(read_for_upload, root, parts, self.max_file_size)
         except Vanished:
             # gone since the hint: mirror the delete, behind the barrier like any other
             if op.key in self.remote:
@@ -499,7 +499,11 @@ class Uploader:
         known = self.remote.get(op.key)
         if known is None or not known.same_as(meta):
             meta = replace(meta, version=self._version())
-            info = await self.store.put(op.key, data, meta)
+            try:
+                info = await self.store.put(op.key, data, meta)
+            except (Unstable, Vanished):  # a streamed file changed while it was sent: nothing was stored
+                self.mark(op.key, UPLOAD)
+                return
             self.remote[op.key] = info
             if info.version > meta.version:
                 # A newer owner of the namespace stored a later version (the fence stops this
@@ -507,7 +511,7 @@ class Uploader:
                 self._skip(op.key, root, parts, "store_newer",
                            "a newer sidecar of this namespace stored a later version of this file")
             else:
-                self._count_upload(len(data))
-                log.debug("uploaded", path=op.key, bytes=len(data))
+                self._count_upload(meta.size)
+                log.debug("uploaded", path=op.key, bytes=meta.size)
         if started is not None:
             metrics.LATENCY.observe(time.monotonic() - started)

@@ -58,7 +58,7 @@ from azure.storage.blob.aio import BlobServiceClient, ContainerClient, Exponenti
 
 from sidecar import log
 from sidecar.paths import MAX_KEY_BYTES, UnsafeKey, validate_relpath
-from sidecar.store.base import NotFound, ObjectInfo, ObjectMeta, StoreError, TransientStoreError
+from sidecar.store.base import CHUNK_BYTES, NotFound, ObjectInfo, ObjectMeta, Source, StoreError, TransientStoreError
 
 # Metadata names must be valid C# identifiers; Azure treats them case-insensitively.
 META_SHA256 = "sidecar_sha256"
@@ -77,8 +77,10 @@ MAX_CONFLICT_ROUNDS = 8
 FIRST_PAGE_RESULTS = 250
 #: Blobs in every other listing page (the service's maximum).
 PAGE_RESULTS = 5000
-#: Blobs up to this size go up in one Put Blob; larger ones as 4 MiB blocks and a conditional commit.
-MAX_SINGLE_PUT_SIZE = 64 * 1024 * 1024
+#: Blobs up to this size go up in one Put Blob; larger ones in blocks of CHUNK_BYTES and a conditional
+#: commit, so memory stays bounded whatever the size.
+MAX_SINGLE_PUT_SIZE = 8 * 1024 * 1024
+
 #: The longest ``Retry-After`` a retry waits for; a longer one is the sidecar's own retry's business.
 RETRY_AFTER_MAX = 30.0
 #: The scope of an Azure AD token for Blob storage.
@@ -786,6 +788,9 @@ class AzureBlobStore:
                                            connection_timeout=s["connection_timeout"], read_timeout=s["read_timeout"]),
                 retry_policy=_Retry(s["retry_backoff"], s["retry_total"]),
                 max_single_put_size=MAX_SINGLE_PUT_SIZE,
+                max_block_size=CHUNK_BYTES,
+                max_single_get_size=CHUNK_BYTES,
+                max_chunk_get_size=CHUNK_BYTES,
             )
             if self._proxy is not None:
                 options["proxies"] = {urlsplit(self._endpoint_url).scheme: self._proxy.url}
@@ -912,7 +917,7 @@ class AzureBlobStore:
         return done(TransientStoreError, f"{what} for {endpoint} after {self._retry_total} retries; "
                                          "check network reachability (firewall, proxy); will retry later")
 
-    async def _put_blob(self, name: str, data: bytes, md5: bytes, metadata: dict[str, str],
+    async def _put_blob(self, name: str, data: "bytes | Source", md5: bytes, metadata: dict[str, str],
                         etag: str | None) -> str | None:
         """Upload one blob, conditional on ``etag`` (``If-Match``) or on its absence
         (``If-None-Match: *``); returns the new ETag, raises :class:`_Conflict` when the
@@ -922,8 +927,10 @@ class AzureBlobStore:
         condition: dict[str, Any] = ({"etag": etag, "match_condition": MatchConditions.IfNotModified} if etag
                                      else {"match_condition": MatchConditions.IfMissing})
         try:
+            # a Source is streamed in blocks and committed only after its last chunk checked out
+            body, length = (data, len(data)) if isinstance(data, bytes) else (data.chunks(), data.size)
             response = await blob.upload_blob(
-                data, length=len(data), overwrite=True, metadata=metadata, validate_content=True,
+                body, length=length, overwrite=True, metadata=metadata, validate_content=True,
                 content_settings=ContentSettings(content_type="application/octet-stream", content_md5=md5),
                 max_concurrency=4, **condition,
             )
@@ -979,7 +986,7 @@ class AzureBlobStore:
             raise self._error(e, "opening the store") from None
         self._opened = True
 
-    async def put(self, key: str, data: bytes, meta: ObjectMeta) -> ObjectInfo:
+    async def put(self, key: str, data: bytes | Source, meta: ObjectMeta) -> ObjectInfo:
         """Upload ``data`` unless the store already holds a newer version of ``key``.
 
         Conditional-write rule, with ``sidecar_version`` as the version: the write is
@@ -1000,7 +1007,7 @@ class AzureBlobStore:
         if seen is not None and seen.version > meta.version:
             return seen  # known newer already: a stale upload, superseded without a request
         etag = seen.etag if seen is not None else None
-        md5 = hashlib.md5(data).digest()
+        md5 = hashlib.md5(data).digest() if isinstance(data, bytes) else data.md5
         try:
             for _ in range(MAX_CONFLICT_ROUNDS):
                 try:
@@ -1052,6 +1059,35 @@ class AzureBlobStore:
         info = self._info(key, len(data), props.metadata, props.etag, props.last_modified)
         self._seen[name] = info
         return data, info
+
+    async def get_stream(self, key: str) -> tuple[ObjectInfo, AsyncIterator[bytes]]:
+        name = self._name(key)
+        try:
+            downloader = await self._container_client().download_blob(name, max_concurrency=1)
+        except ResourceNotFoundError as e:
+            if _code(e) == "ContainerNotFound":
+                raise self._error(e, f"downloading {key!r}") from None
+            self._seen.pop(name, None)
+            raise NotFound(key) from None
+        except AzureError as e:
+            raise self._error(e, f"downloading {key!r}") from None
+        props = downloader.properties
+        info = self._info(key, props.size, props.metadata, props.etag, props.last_modified)
+        self._seen[name] = info
+
+        async def chunks() -> AsyncIterator[bytes]:
+            got = 0
+            try:
+                async for chunk in downloader.chunks():
+                    got += len(chunk)
+                    yield chunk
+            except AzureError as e:
+                raise self._error(e, f"downloading {key!r}") from None
+            if got != props.size:
+                raise TransientStoreError(redact(f"{self._where()}: downloading {key!r} failed: the answer was "
+                                                 "cut short; will retry", self._secrets))
+
+        return info, chunks()
 
     async def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:
         start = self._name_prefix + prefix

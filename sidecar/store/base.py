@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import AsyncIterator, Protocol, runtime_checkable
+from typing import AsyncIterator, Iterator, Protocol, runtime_checkable
+
+#: Chunk size of streamed reads and writes (objects too large to hold whole: see ``Source``).
+CHUNK_BYTES = 4 * 1024 * 1024
 
 
 #: Keys of the sidecar's own objects (owner marker, snapshot bundles) begin with this segment;
@@ -56,6 +59,19 @@ class ObjectInfo:
         return self.same_content(meta) and self.mtime_ns == meta.mtime_ns and self.mode == meta.mode
 
 
+class Source(Protocol):
+    """Bytes too large to hold whole, read in chunks of at most :data:`CHUNK_BYTES`, as often as
+    a store needs. A read raises after its last chunk when the bytes were not the ones hashed into
+    the put's ``meta`` (the file changed): the store must then leave the object as it was."""
+
+    size: int
+    md5: bytes  # of the whole content
+
+    def chunks(self) -> AsyncIterator[bytes]: ...
+
+    def iter_sync(self) -> Iterator[bytes]: ...
+
+
 class StoreError(Exception):
     """A failure that retrying will not fix (bad credentials, missing permission, bad URL).
 
@@ -84,8 +100,9 @@ class Store(Protocol):
     async def open(self) -> None:
         """Connect and check the store is usable (create the container or directory if allowed)."""
 
-    async def put(self, key: str, data: bytes, meta: ObjectMeta) -> ObjectInfo:
+    async def put(self, key: str, data: bytes | Source, meta: ObjectMeta) -> ObjectInfo:
         """Store ``data`` under ``key`` atomically: readers see the old object or the new, whole.
+        A :class:`Source` is streamed, never held whole; when its read fails, nothing changes.
 
         Supersede rule: when the stored object's ``version`` is higher than ``meta.version``,
         nothing is written and the stored object's info is returned (``info.version`` tells the
@@ -94,6 +111,11 @@ class Store(Protocol):
 
     async def get(self, key: str) -> tuple[bytes, ObjectInfo]:
         """The object's bytes and metadata; :class:`NotFound` when absent."""
+
+    async def get_stream(self, key: str) -> tuple[ObjectInfo, AsyncIterator[bytes]]:
+        """The object's metadata and its bytes in chunks of at most :data:`CHUNK_BYTES` (for
+        objects too large to hold); :class:`NotFound` when absent. Iterate the chunks to the end
+        or close them."""
 
     def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:
         """Every object whose key starts with ``prefix``, with metadata, in one paged pass."""

@@ -44,7 +44,8 @@ import anyio
 import anyio.to_thread
 
 from sidecar.paths import UnsafeKey, validate_relpath
-from sidecar.store.base import OWN_NAMESPACE, NotFound, ObjectInfo, ObjectMeta, StoreError, StoreFull
+from sidecar.store.base import (CHUNK_BYTES, OWN_NAMESPACE, NotFound, ObjectInfo, ObjectMeta, Source, StoreError,
+                                StoreFull)
 
 META_DIR = ".sidecar-meta"
 TMP_PREFIX = ".sidecar-tmp-"
@@ -144,7 +145,7 @@ def _remove_durably(path: str) -> None:
     _fsync_dir(os.path.dirname(path))
 
 
-def _write_atomic(path: str, data: bytes, mode: int = 0o600, mtime_ns: int | None = None) -> os.stat_result:
+def _write_atomic(path: str, data: "bytes | Source", mode: int = 0o600, mtime_ns: int | None = None) -> os.stat_result:
     """Write ``path`` via temp + fsync + rename + dir fsync; returns the file's final status."""
     directory = os.path.dirname(path)
     for attempt in range(RACE_ATTEMPTS):
@@ -160,7 +161,11 @@ def _write_atomic(path: str, data: bytes, mode: int = 0o600, mtime_ns: int | Non
             continue
         try:
             with os.fdopen(fd, "wb") as f:
-                f.write(data)
+                if isinstance(data, bytes):
+                    f.write(data)
+                else:  # streamed; raises after the last chunk if the source changed
+                    for chunk in data.iter_sync():
+                        f.write(chunk)
                 f.flush()
                 os.fchmod(f.fileno(), mode & 0o7777)
                 if mtime_ns is not None:
@@ -285,7 +290,7 @@ class DirectoryStore:
 
         await self._run(check)
 
-    async def put(self, key: str, data: bytes, meta: ObjectMeta) -> ObjectInfo:
+    async def put(self, key: str, data: bytes | Source, meta: ObjectMeta) -> ObjectInfo:
         data_path, meta_path = self._paths(key)
 
         def write() -> ObjectInfo:
@@ -369,6 +374,32 @@ class DirectoryStore:
             return data, self._info(key, data_path, meta_path, st)
 
         return await self._run(read)
+
+    async def get_stream(self, key: str) -> tuple[ObjectInfo, AsyncIterator[bytes]]:
+        data_path, meta_path = self._paths(key)
+
+        def open_() -> tuple[int, ObjectInfo]:
+            self._clear_way(data_path, data=False)
+            try:
+                fd = _open_regular(data_path)
+            except (FileNotFoundError, NotADirectoryError):
+                raise NotFound(key) from None
+            except OSError as e:
+                if e.errno == errno.EINVAL:
+                    raise StoreError(f"directory store {self.top}: {key!r} is {e.strerror}") from None
+                raise
+            return fd, self._info(key, data_path, meta_path, os.fstat(fd))
+
+        fd, info = await self._run(open_)
+
+        async def chunks() -> AsyncIterator[bytes]:
+            try:
+                while chunk := await self._run(os.read, fd, CHUNK_BYTES):
+                    yield chunk
+            finally:
+                os.close(fd)
+
+        return info, chunks()
 
     async def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:
         """Walked in a worker thread LIST_BATCH entries at a time, each batch yielded as it is read:

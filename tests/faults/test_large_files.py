@@ -1,0 +1,131 @@
+"""Large files stream both ways: memory stays bounded by chunk size times concurrency.
+
+A file several times the streaming threshold is mirrored by ``run -- true`` and restored into an
+empty directory, on both stores; the sidecar's peak RSS (``ru_maxrss`` from ``wait4``) stays far
+below the file's size, and the bytes round-trip. A file rewritten while it streams is never stored
+torn, and ``SIDECAR_MAX_FILE_SIZE`` applies to the restore too. Figures for 1 GiB live in
+``bench/memory.py``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from support import json_lines, sidecar_cmd, sidecar_env, wait_for
+
+pytestmark = pytest.mark.faults
+
+SIZE = 160 * 1024 * 1024
+#: What the sidecar itself needs (interpreter, SDK, buffers): far below SIZE.
+RSS_LIMIT_MIB = 120
+
+
+def run_measured(args: list[str], cwd: Path, env: dict[str, str], timeout: float = 300) -> tuple[int, float, str]:
+    """(exit code, peak RSS in MiB, stderr) of one sidecar command."""
+    err = cwd.parent / f"stderr-{os.getpid()}-{len(args)}.log"
+    with open(err, "wb") as f:
+        proc = subprocess.Popen(sidecar_cmd(*args), cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=f)
+        try:
+            _pid, status, usage = os.wait4(proc.pid, 0)
+        except BaseException:
+            proc.kill()
+            raise
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    return proc.returncode, usage.ru_maxrss / 1024, err.read_text(errors="replace")
+
+
+def big_file(path: Path) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256()
+    with open(path, "wb") as f:
+        for _ in range(SIZE // (8 << 20)):
+            block = os.urandom(8 << 20)
+            digest.update(block)
+            f.write(block)
+    return digest.hexdigest()
+
+
+def sha(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(8 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["directory", pytest.param("azure", marks=pytest.mark.azure)])
+def test_a_large_file_streams_both_ways_in_bounded_memory(kind, tmp_path, request):
+    target = None
+    if kind == "azure":
+        from tests.faults.faultkit import new_target
+
+        target = new_target(request.getfixturevalue("azurite"), "large")
+        env = target.env(SIDECAR_STORE=target.store_url)
+    else:
+        env = sidecar_env(SIDECAR_STORE=str(tmp_path / "store"))
+    try:
+        src = tmp_path / "src"
+        digest = big_file(src / ".checkpoints" / "big.bin")
+        code, rss, err = run_measured(["run", "--", "true"], src, env)
+        assert code == 0, err[-3000:]
+        assert [e["uploaded"] for e in json_lines(err) if e.get("event") == "shutdown_flushed"] == [1], err[-2000:]
+        assert rss < RSS_LIMIT_MIB, f"upload of {SIZE >> 20} MiB peaked at {rss:.0f} MiB"
+
+        fresh = tmp_path / "fresh"
+        fresh.mkdir()
+        code, rss, err = run_measured(["restore"], fresh, env)
+        assert code == 0, err[-3000:]
+        assert sha(fresh / ".checkpoints" / "big.bin") == digest
+        assert rss < RSS_LIMIT_MIB, f"restore of {SIZE >> 20} MiB peaked at {rss:.0f} MiB"
+
+        limited = tmp_path / "limited"
+        limited.mkdir()
+        code, _rss, err = run_measured(["restore"], limited, {**env, "SIDECAR_MAX_FILE_SIZE": str(SIZE - 1)})
+        assert code == 0, err[-3000:]
+        assert any(e.get("event") == "restore_refused_too_large" for e in json_lines(err))
+        assert not (limited / ".checkpoints" / "big.bin").exists()
+    finally:
+        if target is not None:
+            target.drop()
+
+
+def test_a_large_file_rewritten_while_it_streams_is_never_stored_torn(tmp_path):
+    """A writer keeps rewriting a large file in place (the one write pattern that can tear): the
+    store ends holding one complete version, never a mix."""
+    import threading
+
+    from support import Sidecar, store_tree
+
+    env = sidecar_env(SIDECAR_STORE=str(tmp_path / "store"))
+    work = tmp_path / "w"
+    path = work / ".checkpoints" / "big.bin"
+    path.parent.mkdir(parents=True)
+    versions = [bytes([n]) * (24 * 1024 * 1024) for n in range(3)]
+    path.write_bytes(versions[0])
+    sc = Sidecar(work, "sync", env=env)
+    sc.wait_event("ready")
+    stop = threading.Event()
+
+    def rewrite() -> None:
+        n = 0
+        while not stop.is_set() and n < 40:
+            with open(path, "r+b") as f:  # in place, not atomically: a reader can see a mix
+                f.write(versions[n % 3])
+            n += 1
+
+    writer = threading.Thread(target=rewrite)
+    writer.start()
+    writer.join(60)
+    stop.set()
+    try:
+        want = path.read_bytes()
+        wait_for(lambda: store_tree(tmp_path / "store").get("big.bin") == want, 60, "the last version stored")
+        assert sc.stop() == 0
+    finally:
+        sc.kill()
