@@ -4,6 +4,23 @@ Events are hints only: the uploader stats and reads each path when it handles it
 yields an unordered set per batch and drops events without a path (queue overflow), so the
 periodic reconcile is what guarantees convergence; this module is what makes it fast.
 
+What is watched: every real directory of the roots, each with a watch of its own (the engine in
+non-recursive mode, given the list), found by a walk that never follows a symlink and visits each
+directory (device, inode) once. The engine's recursive mode would follow symlinks (the notify
+crate walks with them followed), so ``ln -s /usr .checkpoints/x`` would cost a watch per
+directory of /usr, and a bind mount of an ancestor inside a root would be walked again. A root
+that is itself a symlink to a directory is followed. The engine cannot add a watch to a running
+instance, so a directory created or moved in (an *added* event for a directory not watched under
+that path and identity) rebuilds the watch: the new instance is made while the old one still runs
+(nothing written meanwhile goes unseen; the old one's last events are handed over before it is
+closed), then the new directories are handed over again (the uploader scans a directory hint) for
+the files written before their watch existed. Such a rebuild walks the tree (about 25 µs a
+directory, the GIL mostly free) and makes the engine (15-25 µs a directory, the GIL held
+throughout: the engine adds one watch at a time through its event-loop thread); measured on the
+2-core VM: 100 directories about 12 ms, 1000 about 45 ms, 10000 about 350 ms. Making the engine in
+recursive mode costs the same; what is new is one rebuild per new directory, so rebuilds are
+spaced (:data:`GROW_SPACING`) and a burst of new directories costs a bounded share of the time.
+
 Roots that do not exist yet are polled (cheaply, a ``stat`` each) and the inotify watch is rebuilt
 when one appears, disappears or is replaced; ``on_roots_changed`` is then called with every root so
 the caller can rescan them (files created before the watch existed produce no event, and the other
@@ -18,11 +35,25 @@ the backlog arrives as one batch of that order: a single batch of at least an ei
 (changes are de-duplicated events) rebuilds the watch and rescans the roots, at most once per
 :data:`OVERFLOW_COOLDOWN` seconds (a rescan owed meanwhile runs when it ends). A steady stream of
 writes, however fast, comes in small batches and never triggers it.
+
+Used-up limits: inotify instances and watches are counted per user across the node
+(``fs.inotify.max_user_instances``, ``max_user_watches``; ``/proc/sys/user/max_inotify_*`` per
+user namespace). The engine reports no instance left as ``WatchfilesRustInternalError`` ("Too many
+open files (os error 24)"), and a watch refused as ``OSError`` ("OS file watch limit reached")
+only with ``ignore_permission_denied`` off: with it on, every failed watch is skipped silently.
+So watches are made with it off, and the walk leaves out what could not be watched anyway
+(directories this process cannot read). When a limit is used up the watcher degrades instead of
+failing: it rescans every root each :data:`POLL_SECONDS` (through ``on_roots_changed``), says so
+once (``watch_polling``), in ``/readyz`` (:data:`DEGRADED`) and in
+``checkpoint_sidecar_watch_polling``, and tries inotify again every :data:`POLL_RETRY_SECONDS`.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import re
+import stat
 import threading
 import time
 from typing import Awaitable, Callable
@@ -38,6 +69,60 @@ from sidecar.paths import Root
 ROOT_POLL_SECONDS = 0.5
 QUEUE_LIMIT_FILE = "/proc/sys/fs/inotify/max_queued_events"
 OVERFLOW_COOLDOWN = 5.0  # at most one overflow rescan this often
+POLL_SECONDS = 1.0  # rescan step while inotify is unavailable (under the reconcile's 2 s "missed" bar)
+POLL_RETRY_SECONDS = 60.0  # how often polling tries inotify again
+GROW_ROUNDS = 5  # builds in a row for directories that appeared during a build
+GROW_SPACING = 4.0  # after a rebuild for new directories, wait this many times its duration
+
+ADDED, DELETED = 1, 3  # watchfiles.Change
+#: errnos that mean a limit is used up (instances: EMFILE; watches: ENOSPC)
+LIMIT_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOSPC, errno.ENOMEM})
+_OS_ERROR = re.compile(r"\(os error (\d+)\)")
+
+
+class Degraded:
+    """Why the watcher polls instead of watching: ``reason`` (None while inotify works) and
+    ``since`` (``time.monotonic()`` when polling began). Read by ``/readyz``."""
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+        self.since = 0.0
+
+
+DEGRADED = Degraded()
+
+
+class WatchLimit(Exception):
+    """An inotify limit (instances or watches, per user and node-wide) is used up."""
+
+
+def _as_limit(e: BaseException) -> WatchLimit | None:
+    """The used-up limit that ``e``, raised by making a ``RustNotify``, reports; else None."""
+    if isinstance(e, (FileNotFoundError, PermissionError)):
+        return None
+    text = str(e)
+    m = _OS_ERROR.search(text)
+    code = int(m.group(1)) if m else None
+    if isinstance(e, OSError) and ("MaxFilesWatch" in text or code in LIMIT_ERRNOS):
+        return WatchLimit(f"inotify watches used up (fs.inotify.max_user_watches): {text.split(' (Error')[0]}")
+    if isinstance(e, RuntimeError) and "creating recommended watcher" in text and code in LIMIT_ERRNOS:
+        return WatchLimit(f"no inotify instance left (fs.inotify.max_user_instances): {os.strerror(code)}")
+    return None
+
+
+def _set_polling(reason: str | None) -> None:
+    """Enter (``reason``) or leave (None) the polling state: :data:`DEGRADED`, the gauge, one log line."""
+    if reason is not None and DEGRADED.reason is None:
+        DEGRADED.reason, DEGRADED.since = reason, time.monotonic()
+        advice = ("; inotify limits are per user and node-wide: raise fs.inotify.max_user_instances / "
+                  "max_user_watches" if "fs.inotify" in reason else "")
+        log.warning("watch_polling", reason=reason,
+                    detail=f"every root is rescanned each {POLL_SECONDS:g}s instead, and inotify tried again "
+                           f"each {POLL_RETRY_SECONDS:g}s{advice}")
+    elif reason is None and DEGRADED.reason is not None:
+        DEGRADED.reason = None
+        log.info("watch_inotify_restored", detail="inotify watches again; the roots are rescanned once")
+    metrics.WATCH_POLLING.set(0 if DEGRADED.reason is None else 1)
 
 
 def _queue_limit() -> int:
@@ -83,7 +168,147 @@ def _identity(path: str) -> tuple[int, int] | None:
         st = os.stat(path)
     except OSError:
         return None
-    return (st.st_dev, st.st_ino) if os.path.isdir(path) else None
+    return (st.st_dev, st.st_ino) if stat.S_ISDIR(st.st_mode) else None
+
+
+def _utf8(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+        return True
+    except UnicodeEncodeError:
+        return False
+
+
+def real_dirs(tops: list[str]) -> dict[str, tuple[int, int]]:
+    """The directories to watch under ``tops``: path → (st_dev, st_ino).
+
+    ``tops`` themselves are followed if they are symlinks; below them no symlink is followed, and
+    each directory is taken once (a bind mount of one of them further down is not walked again).
+    Left out: directories this process cannot read (no watch could be added either) and names
+    that are not UTF-8 (never mirrored; the engine takes ``str`` paths)."""
+    out: dict[str, tuple[int, int]] = {}
+    seen: set[tuple[int, int]] = set()
+    stack: list[tuple[str, tuple[int, int]]] = []
+    for top in reversed(tops):
+        ident = _identity(top)
+        if ident is not None:
+            stack.append((top, ident))
+    while stack:
+        path, ident = stack.pop()
+        if ident in seen or not os.access(path, os.R_OK):
+            continue
+        seen.add(ident)
+        out[path] = ident
+        try:
+            with os.scandir(path) as it:
+                for entry in it:
+                    try:
+                        if entry.is_dir(follow_symlinks=False) and _utf8(entry.name):
+                            st = entry.stat(follow_symlinks=False)
+                            stack.append((entry.path, (st.st_dev, st.st_ino)))
+                    except OSError:
+                        continue  # vanished or not stat-able: not watched
+        except OSError:
+            continue
+    return out
+
+
+def _engine(dirs: list[str], ignore_errors: bool = False) -> RustNotify:
+    """One inotify instance with a non-recursive watch on each of ``dirs``. Raises
+    :class:`WatchLimit`, or FileNotFoundError/PermissionError for a directory that went or
+    turned unreadable since the walk (``ignore_errors`` skips those, and every other failed watch)."""
+    try:
+        return RustNotify(dirs, False, False, 300, False, ignore_errors)
+    except Exception as e:
+        limit = _as_limit(e)
+        if limit is not None:
+            raise limit from e
+        raise
+
+
+class _Watch:
+    """The engine being pumped (``notify``), the one built to replace it (``next``, swapped in
+    by the pump at its next batch) and the directories the newest one watches (``dirs``)."""
+
+    def __init__(self, present: list[str]) -> None:
+        self.present = present
+        self.notify: RustNotify | None = None
+        self.next: RustNotify | None = None
+        self.dirs: dict[str, tuple[int, int]] = {}
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        with self._lock:
+            engines, self.notify, self.next = (self.notify, self.next), None, None
+        for e in engines:
+            if e is not None:
+                e.close()
+
+    def build(self) -> list[str]:
+        """Walk the roots and make an engine watching every directory found: ``notify`` when
+        there is none yet, else ``next`` (the running one keeps watching until the pump swaps).
+        Directories that appeared inside new ones during the build get another round. Returns
+        the directories that are new since the last build. Raises :class:`WatchLimit`."""
+        added: list[str] = []
+        for _ in range(GROW_ROUNDS):
+            known = set(self.dirs.values())
+            dirs = real_dirs(self.present)
+            for attempt in range(3):
+                try:
+                    # the last attempt skips what still fails (and so a limit too): best effort
+                    notify = _engine(list(dirs), ignore_errors=attempt == 2)
+                    break
+                except (FileNotFoundError, PermissionError):
+                    dirs = real_dirs(self.present)  # the tree changed under the walk: walk again
+            with self._lock:
+                superseded = None
+                if self.notify is None:
+                    self.notify = notify
+                else:
+                    superseded, self.next = self.next, notify
+                self.dirs = dirs
+            if superseded is not None:  # never pumped; its new directories are in this one too
+                superseded.close()
+            new = [p for p, ident in dirs.items() if ident not in known]
+            added.extend(new)
+            watched = set(dirs.values())
+            if all(ident in watched for ident in real_dirs(new).values()):
+                break
+        return added
+
+    def swap(self) -> set[tuple[int, str]] | None:
+        """Pump ``next`` from now on; returns what the old engine saw since its last batch."""
+        with self._lock:
+            old, self.notify, self.next = self.notify, self.next, None
+        try:
+            drained = old.watch(0, 1, 1, None)
+        except Exception:  # the old watch broke (an undecodable name): the new one is in place
+            drained = None
+        old.close()
+        return drained if isinstance(drained, set) else None
+
+
+class _Grow:
+    """Set when a batch brought directories the watch does not cover."""
+
+    def __init__(self) -> None:
+        self.wanted = anyio.Event()
+
+
+def _new_dirs(raw, dirs: dict[str, tuple[int, int]]) -> list[str]:
+    """The directories added in the batch ``raw`` that ``dirs`` does not watch at that path with
+    that identity (a directory deleted and made again in one batch may reuse its inode number)."""
+    out = []
+    for change, path in raw:
+        if change != ADDED:
+            continue
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode) and (dirs.get(path) != (st.st_dev, st.st_ino) or (DELETED, path) in raw):
+            out.append(path)
+    return out
 
 
 async def watch(
@@ -94,7 +319,8 @@ async def watch(
     debounce_ms: int = 25,
     task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Run until cancelled. Signals ``task_status.started()`` once the first watch is in place."""
+    """Run until cancelled. Signals ``task_status.started()`` once the first watch is in place,
+    or polling has begun (an inotify limit used up). Never ends on a used-up limit."""
     started = False
     rescan: list[Root] = []
     overflow = _Overflow()
@@ -102,19 +328,27 @@ async def watch(
         ids = {r.path: _identity(r.path) for r in roots}
         present = [r.path for r in roots if ids[r.path] is not None]
         stop = threading.Event()
-        notify = None
+        w = _Watch(present)
+        limit: str | None = None
         if present:
             try:
                 overflow.armed(_queue_limit())
-                notify = RustNotify(present, False, False, 300, True, True)
-            except (FileNotFoundError, OSError) as e:  # a root vanished between stat and watch
+                await anyio.to_thread.run_sync(w.build)
+            except WatchLimit as e:
+                limit = str(e)
+            except Exception as e:  # anything else the engine refuses: polled too, never fatal
                 log.warning("watch_setup_failed", exc=e)
-                await anyio.sleep(ROOT_POLL_SECONDS)
-                continue
-        log.debug("watching", roots=",".join(present) or "-")
+                limit = f"the watch could not be set up: {e}"
+        _set_polling(limit)
+        log.debug("watching", roots=",".join(present) or "-", watches=len(w.dirs))
         if not started:
             task_status.started()
             started = True
+        if limit is not None:
+            w.close()  # a build that failed after its first round holds an engine
+            await _poll(roots, on_roots_changed)
+            rescan = list(roots)  # for when inotify watches again: changes since the last rescan
+            continue
         if rescan:  # only now that the new watch is in place, so nothing falls between the two
             log.info("roots_changed", roots=",".join(r.path for r in rescan))
             # Every root is rescanned, not only those that changed: the other roots' events not yet
@@ -122,7 +356,7 @@ async def watch(
             await on_roots_changed(list(roots))
             rescan = []
         try:
-            changed = await _watch_once(roots, ids, notify, stop, on_paths, debounce_ms, overflow)
+            changed = await _watch_once(roots, ids, w, stop, on_paths, debounce_ms, overflow)
         except Exception as e:  # the watch broke (a root removed under it, a handler bug): rebuild
             # watchfiles fails the whole watch on a name that is not UTF-8 ("Unable to decode
             # path"): such names are never mirrored (localfs.unmirrorable_reason); rebuild at once
@@ -134,22 +368,37 @@ async def watch(
                 await anyio.sleep(ROOT_POLL_SECONDS)
         finally:
             stop.set()
-            if notify is not None:
-                notify.close()
+            w.close()
         rescan = changed
 
 
-async def _watch_once(roots, ids, notify, stop, on_paths, debounce_ms, overflow: _Overflow | None = None) -> list[Root]:
-    """Pump events until a root appears, disappears or is replaced, or the queue may have
-    overflowed; returns the roots to rescan once the watch is rebuilt."""
+async def _poll(roots: list[Root], on_roots_changed) -> None:
+    """Rescan every root each :data:`POLL_SECONDS` for :data:`POLL_RETRY_SECONDS`."""
+    deadline = time.monotonic() + POLL_RETRY_SECONDS
+    while time.monotonic() < deadline:
+        try:
+            await on_roots_changed(list(roots))
+        except Exception as e:  # a failed rescan is retried at the next step; never ends the watcher
+            log.warning("watch_poll_failed", exc=e)
+        await anyio.sleep(POLL_SECONDS)
+
+
+async def _watch_once(roots, ids, w: _Watch, stop, on_paths, debounce_ms,
+                      overflow: _Overflow | None = None) -> list[Root]:
+    """Pump events until a root appears, disappears or is replaced, the queue may have
+    overflowed, or a limit is met while adding directories; returns the roots to rescan once
+    the watch is rebuilt."""
     changed: list[Root] = []
     overflow = overflow or _Overflow()
+
+    def rebuild_all() -> None:
+        changed.extend(r for r in roots if ids[r.path] is not None and r not in changed)
+        tg.cancel_scope.cancel()
 
     def overflowed() -> None:
         log.warning("watch_overflow_suspected", changes=overflow.rescanned(), queue=overflow.queue,
                     detail="a burst that may have overflowed the inotify queue: watch rebuilt, roots rescanned")
-        changed.extend(r for r in roots if ids[r.path] is not None and r not in changed)
-        tg.cancel_scope.cancel()
+        rebuild_all()
 
     async with anyio.create_task_group() as tg:
 
@@ -167,7 +416,8 @@ async def _watch_once(roots, ids, notify, stop, on_paths, debounce_ms, overflow:
                     overflowed()
                     return
 
-        async def on_batch(paths: list[str]) -> None:
+        async def on_batch(raw: set[tuple[int, str]]) -> None:
+            paths = [path for _change, path in raw]
             # A root itself reported (removed or replaced): its inotify watch is dead even if a new
             # directory reuses the inode number, so rebuild the watch.
             hit = [r for r in roots if r.path in paths]
@@ -177,10 +427,38 @@ async def _watch_once(roots, ids, notify, stop, on_paths, debounce_ms, overflow:
                 tg.cancel_scope.cancel()
             elif overflow.note(len(paths)):
                 overflowed()
+            elif _new_dirs(raw, w.dirs):
+                grow.wanted.set()
 
+        async def grower() -> None:
+            # Rebuilds for new directories, spaced: the engine holds the GIL while it adds its
+            # watches (~25 µs a directory), so a burst of new directories costs a bounded share of
+            # the time. Files in a directory not yet watched are found by the uploader's scan of
+            # the directory hint, and again once it is watched.
+            cost, done = 0.0, float("-inf")
+            while True:
+                await grow.wanted.wait()
+                grow.wanted = anyio.Event()
+                await anyio.sleep(max(0.0, done + GROW_SPACING * cost - time.monotonic()))
+                t0 = time.perf_counter()
+                try:
+                    new = await anyio.to_thread.run_sync(w.build)
+                except WatchLimit as e:
+                    # the running engine's watches count too: rebuild with it closed
+                    log.info("watch_rebuild_at_limit", reason=str(e))
+                    rebuild_all()
+                    return
+                cost, done = time.perf_counter() - t0, time.monotonic()
+                overflow.armed(_queue_limit())
+                log.debug("watch_grown", watches=len(w.dirs), new=len(new), ms=round(cost * 1000, 1))
+                if new:
+                    await on_paths(new)  # the uploader scans them: files written before their watch
+
+        grow = _Grow()
         tg.start_soon(poll_roots)
-        if notify is not None:
-            tg.start_soon(_pump, notify, stop, on_batch, debounce_ms)
+        if w.notify is not None:
+            tg.start_soon(grower)
+            tg.start_soon(_pump, w, stop, on_batch, debounce_ms)
     return changed
 
 
@@ -190,8 +468,9 @@ ACTIVE_STEP_MS = 2
 ACTIVE_SECONDS = 3.0
 
 
-async def _pump(notify: RustNotify, stop: threading.Event, on_paths, idle_step_ms: int) -> None:
-    """Hand event batches over as soon as they arrive.
+async def _pump(w: _Watch, stop: threading.Event, on_batch, idle_step_ms: int) -> None:
+    """Hand event batches (sets of ``(change, path)``) over as soon as they arrive, from whichever
+    engine ``w`` holds at the time.
 
     watchfiles' engine checks for events every ``step`` ms, a thread wake-up and the GIL each time
     (about 65 µs on the 2-core VM measured): 2 ms costs about 3 % of a core while nothing
@@ -202,12 +481,17 @@ async def _pump(notify: RustNotify, stop: threading.Event, on_paths, idle_step_m
     """
     active_until = 0.0
     while True:
+        if w.next is not None:  # a rebuilt engine is ready: hand over what the old one saw last
+            drained = await anyio.to_thread.run_sync(w.swap)
+            if drained:
+                metrics.WATCH_EVENTS.inc(len(drained))
+                await on_batch(drained)
         step = ACTIVE_STEP_MS if time.monotonic() < active_until else max(ACTIVE_STEP_MS, idle_step_ms)
-        raw = await anyio.to_thread.run_sync(notify.watch, 0, step, 5000, stop, abandon_on_cancel=True)
+        raw = await anyio.to_thread.run_sync(w.notify.watch, 0, step, 1000, stop, abandon_on_cancel=True)
         if raw in ("timeout", "signal"):
             continue
         if raw == "stop":
             return
         active_until = time.monotonic() + ACTIVE_SECONDS
         metrics.WATCH_EVENTS.inc(len(raw))
-        await on_paths([path for _change, path in raw])
+        await on_batch(raw)

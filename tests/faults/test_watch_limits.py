@@ -1,7 +1,8 @@
 """The watcher when inotify is scarce or the tree is unkind: limits used up (instances, watches,
 shared by every process of a uid on a node), symlinks out of a root, a bind mount looping into it.
 
-The watcher must stay on ``watchfiles``; these cases are pending there.
+The watcher stays on ``watchfiles``: it watches each real directory non-recursively and degrades
+to polling when a limit is used up.
 """
 
 from __future__ import annotations
@@ -20,8 +21,7 @@ import pytest
 from support import Sidecar, disk_tree, json_lines, sidecar_cmd, sidecar_env, store_tree, wait_for, write_atomic
 from tests.faults.faultkit import events, http_get, metrics
 
-pytestmark = [pytest.mark.faults,
-              pytest.mark.xfail(reason="pending: degrade and symlink rules for the watcher on watchfiles")]
+pytestmark = pytest.mark.faults
 
 
 # -- inotify limits -------------------------------------------------------------------------------
@@ -107,6 +107,106 @@ def test_run_keeps_its_host_when_inotify_is_used_up(work):
         assert store_tree(store) == {"c/last.json": b"last"}
     finally:
         sc.kill()
+
+
+_ENGINE_PROBE = """
+import json, os, sys
+from watchfiles._rust_notify import RustNotify
+dirs = sys.argv[1:]
+out = {}
+for ignore in (True, False):
+    try:
+        n = RustNotify(dirs, False, False, 300, False, ignore)
+        n.close()
+        out[str(ignore)] = "ok"
+    except Exception as e:
+        out[str(ignore)] = [type(e).__name__, [c.__name__ for c in type(e).__mro__], str(e)]
+print(json.dumps(out))
+"""
+
+
+def _probe_engine(limits: dict[str, int], dirs: list[str]) -> dict:
+    script = "".join(f"echo {v} > /proc/sys/user/{k} && " for k, v in limits.items()) + 'exec "$@"'
+    r = subprocess.run(["unshare", "--user", "--map-root-user", "sh", "-c", script, "sh", sys.executable, "-c",
+                        _ENGINE_PROBE, *dirs], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return json_lines(r.stdout)[0]
+
+
+@needs_userns
+def test_how_the_engine_reports_used_up_limits(tmp_path):
+    """What the watcher's detection rests on (watchfiles 1.x, notify 8): no instance left is a
+    RuntimeError naming os error 24; a watch refused is an OSError only with
+    ``ignore_permission_denied`` off, and is skipped silently with it on."""
+    dirs = [str(tmp_path)] + [str(tmp_path / f"d{i}") for i in range(5)]
+    for d in dirs[1:]:
+        os.mkdir(d)
+    none = _probe_engine({"max_inotify_instances": 0}, dirs)
+    for ignore in ("True", "False"):
+        name, mro, text = none[ignore]
+        assert "RuntimeError" in mro and "os error 24" in text, none
+    few = _probe_engine({"max_inotify_watches": 3}, dirs)
+    assert few["True"] == "ok", few  # six directories, three watches: nothing said
+    name, mro, text = few["False"]
+    assert name == "OSError" and "watch limit reached" in text, few
+
+
+def test_polling_gives_way_to_inotify_when_it_is_back(tmp_path, monkeypatch):
+    """Polling retries inotify: once an instance can be made again, the watcher leaves the
+    degraded state (readiness note, gauge), rescans once and reports writes as events again."""
+    import anyio
+
+    import sidecar.watcher as watcher_mod
+    from sidecar import metrics as metrics_mod
+    from sidecar.paths import make_roots
+    from watchfiles._rust_notify import WatchfilesRustInternalError
+
+    cps = tmp_path / ".checkpoints"
+    cps.mkdir()
+    roots = make_roots([str(cps)], str(tmp_path))
+    real_notify = watcher_mod.RustNotify
+    calls = []
+
+    def notify(*args):
+        calls.append(args)
+        if len(calls) == 1:  # as the engine says it when no instance is left
+            raise WatchfilesRustInternalError("Error creating recommended watcher: Too many open files (os error 24)")
+        return real_notify(*args)
+
+    monkeypatch.setattr(watcher_mod, "RustNotify", notify)
+    monkeypatch.setattr(watcher_mod, "POLL_SECONDS", 0.05)
+    monkeypatch.setattr(watcher_mod, "POLL_RETRY_SECONDS", 0.3)
+    reported, rescans, states = [], [], []
+
+    async def on_paths(paths):
+        reported.extend(os.path.basename(p) for p in paths)
+
+    async def on_roots_changed(changed):
+        rescans.append((watcher_mod.DEGRADED.reason, [r.name for r in changed]))
+
+    async def main():
+        async with anyio.create_task_group() as tg:
+            await tg.start(watcher_mod.watch, roots, on_paths, on_roots_changed)
+            states.append((watcher_mod.DEGRADED.reason, metrics_mod.WATCH_POLLING._value.get()))
+            with anyio.fail_after(10):
+                while watcher_mod.DEGRADED.reason is not None or len(calls) < 2:
+                    await anyio.sleep(0.01)
+                states.append((watcher_mod.DEGRADED.reason, metrics_mod.WATCH_POLLING._value.get()))
+                write_atomic(cps / "a.json", b"a")
+                while "a.json" not in reported:
+                    await anyio.sleep(0.01)
+            tg.cancel_scope.cancel()
+
+    try:
+        anyio.run(main)
+    finally:
+        watcher_mod.DEGRADED.reason = None
+    (reason, gauge), (after, gauge_after) = states
+    assert "max_user_instances" in reason and gauge == 1
+    assert after is None and gauge_after == 0
+    polled = [r for r in rescans if r[0] is not None]
+    assert polled and all(names == [".checkpoints"] for _, names in polled)
+    assert rescans[-1] == (None, [".checkpoints"])  # once, when inotify watched again
 
 
 # -- symlinks out of a root -----------------------------------------------------------------------

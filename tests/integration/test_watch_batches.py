@@ -76,3 +76,58 @@ def test_a_watch_rebuilt_for_a_new_root_rescans_the_other_roots_too(tmp_path, mo
     assert len(built) == 2
     assert "during-rebuild.json" not in reported  # written while nothing watched: no event
     assert sorted(rescanned) == [".checkpoints", ".function_approvals"]
+
+
+def _own_watches() -> int:
+    """The inotify watches this process holds (``inotify wd:`` lines of its fdinfo)."""
+    n = 0
+    for fd in os.listdir("/proc/self/fdinfo"):
+        try:
+            with open(f"/proc/self/fdinfo/{fd}") as f:
+                n += sum(1 for line in f if line.startswith("inotify wd:"))
+        except OSError:
+            continue
+    return n
+
+
+def test_directories_made_in_a_burst_are_all_watched(tmp_path):
+    """Each real directory has a watch of its own, so new ones need a rebuild: nested and
+    sibling directories made as fast as the host can, some moved in, all end up watched (later
+    writes in each are events) and each file written before its directory's watch is hinted."""
+    cps = tmp_path / ".checkpoints"
+    cps.mkdir()
+    roots = make_roots([str(cps)], str(tmp_path))
+    reported: set[str] = set()
+    deepest = [cps / f"u{i % 3}" / f"ctx{i}" / "sub" / "deeper" for i in range(12)]
+    staged = tmp_path / "staged" / "tree" / "inner"  # outside the roots, then moved in
+
+    async def on_paths(paths):
+        reported.update(paths)
+
+    async def on_roots_changed(changed):
+        pass
+
+    def hinted(path) -> bool:  # as an event, or inside a directory hint (the uploader scans those)
+        return any(str(path) == p or str(path).startswith(p + "/") for p in reported)
+
+    async def main():
+        async with anyio.create_task_group() as tg:
+            await tg.start(watcher_mod.watch, roots, on_paths, on_roots_changed)
+            baseline = _own_watches()
+            for d in deepest:
+                write_atomic(d / "early.json", b"e")
+            write_atomic(staged / "moved.json", b"m")
+            os.rename(tmp_path / "staged" / "tree", cps / "tree")
+            dirs = [p for p in cps.rglob("*") if p.is_dir()]
+            with anyio.fail_after(15):
+                while _own_watches() != baseline + len(dirs):
+                    await anyio.sleep(0.01)
+                for d in dirs:
+                    write_atomic(d / "later.json", b"l")
+                while not all(str(d / "later.json") in reported for d in dirs):
+                    await anyio.sleep(0.01)
+            assert all(hinted(d / "early.json") for d in deepest)
+            assert hinted(cps / "tree" / "inner" / "moved.json")
+            tg.cancel_scope.cancel()
+
+    anyio.run(main)
