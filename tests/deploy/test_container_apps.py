@@ -9,6 +9,8 @@ schema transcribed from the Microsoft.App/containerApps resource (API 2024-03-01
 this file uses rejects unknown keys (``additionalProperties: false``) and wrong types. Then the
 platform's own rules: init containers take no probes, resource totals are one of the allowed
 CPU/memory pairs, volume mounts name declared volumes, the grace period covers the final flush.
+``containerapp-run.yaml``, the variant for every environment type (one container under the
+``run`` wrapper), gets the same schema check and its own rules.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import re
 import pytest
 import yaml
 
-from .conftest import ACA_FILE, agent_workdir, port_of
+from .conftest import ACA_FILE, REPO, agent_workdir, dockerfile_value, port_of
 
 jsonschema = pytest.importorskip("jsonschema", reason="jsonschema is not installed")
 
@@ -230,3 +232,70 @@ def test_grace_period_and_single_writer(app, template):
     assert app["properties"]["configuration"]["activeRevisionsMode"] == "Single"
     assert app["properties"]["configuration"]["ingress"]["targetPort"] == int(
         env_of(by_name(template["containers"], "agent"))["PORT"])
+
+
+# -- the shutdown budget, and the `run` variant for every environment type ---------------------
+
+ACA_RUN_FILE = ACA_FILE.with_name("containerapp-run.yaml")
+
+
+def host_shutdown_limit(env: dict[str, str]) -> float:
+    """The newest host's longest stop after SIGTERM: open requests, then its shutdown handlers,
+    each up to AGENTSERVER_GRACEFUL_SHUTDOWN_TIMEOUT_SECONDS, then resilient tasks up to
+    AGENTSERVER_SHUTDOWN_GRACE_SECONDS (docs/DEPLOY.md#the-shutdown-budget)."""
+    return (2 * float(env["AGENTSERVER_GRACEFUL_SHUTDOWN_TIMEOUT_SECONDS"])
+            + float(env["AGENTSERVER_SHUTDOWN_GRACE_SECONDS"]))
+
+
+def test_shutdown_budget(template):
+    agent = env_of(by_name(template["containers"], "agent"))
+    drain = float(env_of(by_name(template["containers"], "checkpoint-sidecar"))["SIDECAR_DRAIN_TIMEOUT"])
+    assert host_shutdown_limit(agent) + drain < template["terminationGracePeriodSeconds"]
+
+
+@pytest.fixture(scope="module")
+def run_app() -> dict:
+    with open(ACA_RUN_FILE) as f:
+        return as_az_sees_it(yaml.safe_load(f.read()))
+
+
+def test_run_variant_schema(run_app):
+    errors = sorted(jsonschema.Draft202012Validator(CONTAINER_APP_SCHEMA).iter_errors(run_app), key=str)
+    assert not errors, "\n".join(f"{'.'.join(map(str, e.path))}: {e.message}" for e in errors)
+
+
+def test_run_variant_is_one_container_under_the_wrapper(run_app):
+    """No init container (none gets a managed identity in a Consumption-only environment): the
+    agent image's own entrypoint, `checkpoint-sidecar run --`, restores before the agent starts."""
+    template = run_app["properties"]["template"]
+    assert "initContainers" not in template and "volumes" not in template
+    (agent,) = template["containers"]
+    assert "command" not in agent and "args" not in agent, "the image's ENTRYPOINT and CMD must run"
+    dockerfile = REPO / "examples" / "approval_agent" / "Dockerfile"
+    assert dockerfile_value(dockerfile, "ENTRYPOINT") == '["checkpoint-sidecar", "run", "--"]'
+    env = env_of(agent)
+    assert env["SIDECAR_STORE"].startswith("https://") and env.get("AZURE_CLIENT_ID")
+    probes = {p["type"]: p["httpGet"] for p in agent["probes"]}
+    assert probes["Readiness"] == {"path": "/readiness", "port": int(env["PORT"])}
+    assert probes["Liveness"] == {"path": "/livez", "port": port_of(env["SIDECAR_HTTP_ADDR"])}
+    assert run_app["properties"]["configuration"]["ingress"]["targetPort"] == int(env["PORT"])
+    assert template["scale"] == {"minReplicas": 1, "maxReplicas": 1}
+    assert run_app["properties"]["configuration"]["activeRevisionsMode"] == "Single"
+    cpu, mem = agent["resources"]["cpu"], agent["resources"]["memory"]
+    assert (round(cpu, 2), f"{float(mem.removesuffix('Gi')):g}Gi") in ALLOWED_TOTALS
+    (identity_id,) = run_app["identity"]["userAssignedIdentities"]
+    assert all(r["identity"] == identity_id for r in run_app["properties"]["configuration"]["registries"])
+    text = ACA_RUN_FILE.read_text()
+    for marker in ("AccountKey=", "SharedAccessSignature", "sig=", "AZURE_STORAGE_CONNECTION_STRING",
+                   "AZURE_STORAGE_KEY", "secretRef", "passwordSecretRef"):
+        assert marker not in text, f"{marker} in {ACA_RUN_FILE.name}"
+
+
+def test_run_variant_shutdown_budget(run_app):
+    """The wrapper stops the host (SIGKILL after SIDECAR_CHILD_STOP_GRACE at the latest), then
+    flushes: both fit in the grace period, and a host within its own limits is never killed."""
+    template = run_app["properties"]["template"]
+    env = env_of(template["containers"][0])
+    stop_grace, drain = float(env["SIDECAR_CHILD_STOP_GRACE"]), float(env["SIDECAR_DRAIN_TIMEOUT"])
+    assert host_shutdown_limit(env) < stop_grace
+    assert stop_grace + drain < template["terminationGracePeriodSeconds"] <= MAX_GRACE_SECONDS

@@ -222,3 +222,28 @@ def test_statefulset_gives_each_replica_its_own_namespace(statefulset, native):
                     envFrom=deployment_sidecar["envFrom"])
     assert dict(template, spec=dict(pod, initContainers=[stripped, *pod["initContainers"][1:]])) == deployment_pod
     check_sidecar_env_and_mounts(sidecar, by_name(pod["containers"], "agent"), pod, one(statefulset, "ConfigMap"))
+
+
+def _host_shutdown_limit(agent: dict) -> float:
+    """The newest host's longest stop after SIGTERM (docs/DEPLOY.md#the-shutdown-budget): open
+    requests, then its shutdown handlers, each up to AGENTSERVER_GRACEFUL_SHUTDOWN_TIMEOUT_SECONDS,
+    then resilient tasks up to AGENTSERVER_SHUTDOWN_GRACE_SECONDS."""
+    env = env_of(agent)
+    return (2 * float(env["AGENTSERVER_GRACEFUL_SHUTDOWN_TIMEOUT_SECONDS"])
+            + float(env["AGENTSERVER_SHUTDOWN_GRACE_SECONDS"]))
+
+
+def test_shutdown_budget(native, legacy, statefulset):
+    """The agent stops within its limits, then the sidecar flushes within SIDECAR_DRAIN_TIMEOUT:
+    both fit in the grace period. A classic sidecar's preStop waits out the agent's limit."""
+    for docs, kind in ((native, "Deployment"), (statefulset, "StatefulSet")):
+        pod = one(docs, kind)["spec"]["template"]["spec"]
+        sidecar = by_name(pod["initContainers"], "checkpoint-sidecar")
+        host = _host_shutdown_limit(by_name(pod["containers"], "agent"))
+        drain = float(env_of(sidecar)["SIDECAR_DRAIN_TIMEOUT"])
+        assert host + drain + 10 <= pod["terminationGracePeriodSeconds"], kind
+    pod = one(legacy, "Deployment")["spec"]["template"]["spec"]
+    sidecar = by_name(pod["containers"], "checkpoint-sidecar")
+    pre_stop = float(sidecar["lifecycle"]["preStop"]["exec"]["command"][1])
+    assert pre_stop >= _host_shutdown_limit(by_name(pod["containers"], "agent"))
+    assert pre_stop + float(env_of(sidecar)["SIDECAR_DRAIN_TIMEOUT"]) + 10 <= pod["terminationGracePeriodSeconds"]
