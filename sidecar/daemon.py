@@ -27,7 +27,7 @@ from sidecar.localfs import (Gaps, LocalStat, absent, below_root_without_links, 
 from sidecar.paths import IgnoreRules, Root
 from sidecar.plan import plan_reconcile
 from sidecar.restorer import Listing, RestoreResult, list_store, restore
-from sidecar.retry import retry_transient
+from sidecar.retry import reported_wait, retry_transient
 from sidecar.store.base import Store, StoreError
 
 if TYPE_CHECKING:
@@ -125,8 +125,9 @@ class Daemon:
         start. Raises StoreError/RestoreError."""
         self.health.set("restoring", "restoring state from the store")
         deadline = time.monotonic() + STARTUP_RETRY_SECONDS
-        await retry_transient(self.store.open, "open", deadline)
         ns = self.settings.namespace
+        await reported_wait(partial(retry_transient, self.store.open, "open", deadline),
+                            "the store to answer (and, with a managed identity, a token)", store=self.store.description)
         log.info("store", store=self.store.description, namespace=ns.describe())
         # another session's namespace is never restored from (nor, later, claimed)
         await retry_transient(partial(check_identity, self.store, ns.identity, ns.path), "read the owner marker",

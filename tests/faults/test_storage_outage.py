@@ -137,3 +137,30 @@ def test_outage_backlog_drains_nothing_lost_memory_bounded(tmp_path):
         if sc is not None:
             sc.kill()
         server.stop()
+
+
+@pytest.mark.azure
+def test_a_store_that_never_answers_is_never_a_silent_wait(tmp_path):
+    """An endpoint that accepts connections and never answers (a blackholed route, a stuck
+    proxy): the sidecar says at once that it waits and for what, and then again periodically."""
+    import socket
+
+    from support import Sidecar, sidecar_env
+    from tests.azurite import connection_string
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(64)
+    url = f"http://127.0.0.1:{silent.getsockname()[1]}/devstoreaccount1"
+    env = {k: v for k, v in sidecar_env().items() if not k.startswith("AZURE_")}
+    env.update(SIDECAR_STORE=f"{url}/silent", AZURE_STORAGE_CONNECTION_STRING=connection_string(url))
+    work = tmp_path / "w"
+    work.mkdir()
+    sc = Sidecar(work, "restore", env=env)
+    try:
+        first = sc.wait_event("still_waiting", 20)
+        assert "the store to answer" in first["what"] and "127.0.0.1" in first["store"]
+        wait_for(lambda: sum(e.get("event") == "still_waiting" for e in sc.events()) >= 2, 20, "a second report")
+    finally:
+        sc.kill()
+        silent.close()
