@@ -189,12 +189,12 @@ def test_metrics_parse_and_counters_move_without_secrets(work):
         assert h.status_code == 200 and h.content == b"" and int(h.headers["content-length"]) > 1000
 
         # the documentation lists every metric the sidecar exposes
-        doc = (REPO / "README.md").read_text()
+        doc = (REPO / "docs" / "OPERATIONS.md").read_text()
         families = {f.name for f in text_string_to_metric_families(get(base, "/metrics").text)}
         undocumented = sorted(f for f in families
                               if f.startswith("checkpoint_sidecar_") and not f.startswith("checkpoint_sidecar_process_")
                               and f not in doc)
-        assert not undocumented, f"metrics missing from README.md: {undocumented}"
+        assert not undocumented, f"metrics missing from docs/OPERATIONS.md: {undocumented}"
 
         for path in ("/metrics", "/readyz", "/livez"):
             body = get(base, path).text

@@ -94,10 +94,10 @@ def test_types_bounds_and_choices_one_line_each(tmp_path):
 
 
 def _readme_defaults() -> dict[str, str]:
-    """``SIDECAR_X`` -> its default cell, from the README's configuration table (a row may
-    document two variables: `A` / `B` with defaults `1` / `2`)."""
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    table = readme.split("## Configuration", 1)[1].split("\n\n| variable |", 1)[1].split("\n\n", 1)[0]
+    """``SIDECAR_X`` -> its default cell, from the settings table of docs/CONFIGURATION.md (a row
+    may document two variables: `A` / `B` with defaults `1` / `2`)."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "CONFIGURATION.md").read_text()
+    table = doc.split("## Settings", 1)[1].split("\n\n| variable |", 1)[1].split("\n\n", 1)[0]
     out = {}
     for row in table.splitlines()[2:]:
         variables, default, _meaning = [c.strip() for c in row.strip("|").split(" | ", 2)]
@@ -109,7 +109,8 @@ def _readme_defaults() -> dict[str, str]:
 
 def test_every_setting_has_a_flag_and_a_documented_variable():
     """The model is the one declaration: every setting has a flag (in the commands that use it)
-    whose help names its variable and default, and a README row with the same default."""
+    whose help names its variable and default, and a row of docs/CONFIGURATION.md with the same
+    default."""
     from sidecar.cli import COMMAND_SETTINGS, build_parser
     from sidecar.config import SETTING_NAMES, setting_docs
 
