@@ -2,7 +2,7 @@
 
 Every setting is declared once, as a field of the pydantic-settings model :class:`Settings`: its
 type, default, bounds, help and variable (``SIDECAR_<NAME>``, any case). The CLI's flags and
-their help (:func:`setting_docs`) and the README's table are derived from it or checked against
+their help (:func:`setting_docs`) and the table in docs/CONFIGURATION.md are derived from it or checked against
 it. :func:`load` reads the flags and the environment, validates everything, and reports every
 problem at once, one line each, naming the variable (``SIDECAR_X: <what is wrong>``); a rejected
 value is shown only where it cannot be a secret (never the store URL, which may carry a SAS
@@ -190,7 +190,7 @@ class _Environment(EnvSettingsSource):
 
 
 def _doc(default: str) -> dict[str, Any]:
-    """``json_schema_extra`` naming a default the way the help and the README show it (for a
+    """``json_schema_extra`` naming a default the way the help and docs/CONFIGURATION.md show it (for a
     default that is computed)."""
     return {"doc_default": default}
 
@@ -365,7 +365,7 @@ def parse_host_port(addr: str) -> tuple[str, int] | None:
 
 @dataclass(frozen=True)
 class SettingDoc:
-    """One setting as the CLI and the README present it."""
+    """One setting as the CLI and docs/CONFIGURATION.md present it."""
 
     name: str
     variable: str
@@ -396,7 +396,7 @@ def _shown_default(value: Any) -> str:
 
 @functools.cache
 def setting_docs() -> tuple[SettingDoc, ...]:
-    """Every setting, in declaration order, for flags, their help and the README table."""
+    """Every setting, in declaration order, for flags, their help and the table in docs/CONFIGURATION.md."""
     out = []
     for name, f in Settings.model_fields.items():
         kind, choices = _kind(f.annotation)

@@ -65,7 +65,7 @@ class HttpBindError(Exception):
     The message is one line naming the address and what to change."""
 
 
-# -- the checks (shared by the server and documented in the README) ----------------------
+# -- the checks (shared by the server and documented in docs/OPERATIONS.md) ----------------------
 
 STARTING_PHASES = ("starting", "restoring", "reconciling")
 

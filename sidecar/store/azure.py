@@ -932,7 +932,7 @@ class AzureBlobStore:
             response = await blob.upload_blob(
                 body, length=length, overwrite=True, metadata=metadata, validate_content=True,
                 content_settings=ContentSettings(content_type="application/octet-stream", content_md5=md5),
-                max_concurrency=4, **condition,
+                max_concurrency=4 if isinstance(data, bytes) else 1, **condition,
             )
         except ResourceModifiedError:
             raise _Conflict() from None  # 412: someone else wrote it
