@@ -51,6 +51,11 @@ class Health:
     unreadable_roots: dict[str, str] = field(default_factory=dict)
     #: monotonic time before which uploads wait for a predecessor's write window (None: no wait)
     uploads_wait: float | None = None
+    #: monotonic time store operations began failing (None: they work); set by the uploader
+    store_failing_since: float | None = None
+
+    def store_degraded(self, since: float | None) -> None:
+        self.store_failing_since = since
 
     def uploads_wait_until(self, until: float | None) -> None:
         """Told by the fence when our uploads may begin (shown in /readyz and metrics)."""
@@ -114,7 +119,8 @@ class Daemon:
 
         s = self.settings
         return Uploader(self.store, self.roots, self.ignore, concurrency=s.concurrency, max_file_size=s.max_file_size,
-                        snapshot_roots={r.name for r in self.roots} if s.snapshot_commits() else set())
+                        snapshot_roots={r.name for r in self.roots} if s.snapshot_commits() else set(),
+                        on_degraded=self.health.store_degraded)
 
     # -- phase 1: restore --------------------------------------------------------------------
     async def prepare(self) -> RestoreResult | None:

@@ -133,8 +133,8 @@ async def serve(settings: "Settings", daemon: "Daemon", *,
 
 
 def _degraded_seconds(daemon: "Daemon") -> float | None:
-    """Seconds the store has been failing (the uploader's ``failing_since``), or None."""
-    since = getattr(getattr(daemon, "uploader", None), "failing_since", None)
+    """Seconds the store has been failing (``Health.store_failing_since``), or None."""
+    since = daemon.health.store_failing_since
     return None if since is None else max(0.0, time.monotonic() - since)
 
 

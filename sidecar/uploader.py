@@ -14,6 +14,7 @@ import os
 import stat
 import time
 from dataclasses import replace
+from typing import Callable
 
 import anyio
 import anyio.to_thread
@@ -45,8 +46,11 @@ class Uploader:
         concurrency: int = 16,
         max_file_size: int = 256 * 1024 * 1024,
         snapshot_roots: set[str] = frozenset(),  # type: ignore[assignment]
+        on_degraded: Callable[[float | None], None] | None = None,
     ) -> None:
         self.store = store
+        #: told the monotonic time the store began failing, and None once it works again
+        self.on_degraded = on_degraded
         self.roots = roots
         self.roots_by_name = {r.name: r for r in roots}
         self.ignore = ignore
@@ -362,6 +366,8 @@ class Uploader:
             log.info("store_recovered", seconds=round(time.monotonic() - self.failing_since, 1))
             self.failing_since = None
             metrics.DEGRADED.set(0)
+            if self.on_degraded is not None:
+                self.on_degraded(None)
         self._ops_since_trim += 1
         if self.idle():
             metrics.LAST_SYNC.set(time.time())
@@ -379,6 +385,8 @@ class Uploader:
         if self.failing_since is None:
             self.failing_since = time.monotonic()
             metrics.DEGRADED.set(1)
+            if self.on_degraded is not None:
+                self.on_degraded(self.failing_since)
         (log.warning if transient else log.error)("store_retry", attempt=attempt, error=str(e), **fields)
         if isinstance(e, StoreFull):  # cheap to retry, and space can come back at any moment
             await anyio.sleep(min(backoff(attempt), FULL_RETRY_MAX))
