@@ -58,6 +58,7 @@ _ENV_NOTE = ("Every flag is also the environment variable named in its help (fla
 
 
 class _Parser(argparse.ArgumentParser):
+    commands: dict[str, argparse.ArgumentParser]  # the top-level parser's subcommand parsers
     """argparse without abbreviations (``--stor`` is not ``--store``), whose usage errors are one
     line on stderr and exit 2."""
 
@@ -66,7 +67,7 @@ class _Parser(argparse.ArgumentParser):
         kwargs.setdefault("formatter_class", argparse.RawDescriptionHelpFormatter)
         super().__init__(*args, **kwargs)
 
-    def error(self, message: str) -> NoReturn:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         line = message.splitlines()[0] if message else "bad usage"
         print(f"{self.prog}: usage error: {_escaped(log.redact(line))} (see {self.prog} --help)", file=sys.stderr)
         raise SystemExit(EXIT_CONFIG)
@@ -144,7 +145,7 @@ def _timeout(text: str) -> float:
     return value
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> _Parser:
     """The command line: one subparser per command, each with only the flags it uses."""
     parser = _Parser(
         prog="checkpoint-sidecar",

@@ -162,7 +162,7 @@ Words = Annotated[list[str], NoDecode, BeforeValidator(_comma_list)]  # "a,b" in
 
 
 def _choice(*values: str) -> Any:
-    return Annotated[Literal[values], BeforeValidator(_word)]  # type: ignore[valid-type]
+    return Annotated[Literal[values], BeforeValidator(_word)]
 
 
 Layout = _choice(*LAYOUTS)
@@ -426,7 +426,7 @@ def _num(value: Any) -> str:
     return str(int(number)) if number.is_integer() and abs(number) < 1e16 else f"{number:g}"
 
 
-def _problem(err: dict[str, Any]) -> str:
+def _problem(err: Any) -> str:  # a pydantic ErrorDetails
     """One pydantic error as ``SIDECAR_X: <what is wrong>``."""
     name = str(err["loc"][0]) if err["loc"] else ""
     variable = ENV_PREFIX + name.upper()
@@ -501,7 +501,7 @@ def load(overrides: Mapping[str, object] | None = None, cwd: str | None = None,
                 "to a mounted volume or an Azure Blob container URL")
     token = _ENVIRON.set(env)
     try:
-        settings = Settings(**given)
+        settings = Settings(**given)  # type: ignore[arg-type]  # checked by the model itself
     except ValidationError as e:
         problems += [_problem(err) for err in e.errors(include_url=False)]
         raise ConfigError(problems) from None

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from functools import cached_property, partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.to_thread
@@ -22,8 +22,7 @@ from anyio.abc import TaskStatus
 from sidecar import log, metrics
 from sidecar.config import Settings
 from sidecar.fence import check_identity
-from sidecar.localfs import (Gaps, LocalStat, absent, below_root_without_links, has_regular_files, restore_cut_short,
-                             scan_root)
+from sidecar.localfs import Gaps, LocalStat, absent, below_root_without_links, has_regular_files, restore_cut_short, scan_root
 from sidecar.paths import IgnoreRules, Root
 from sidecar.plan import plan_reconcile
 from sidecar.restorer import Listing, RestoreResult, list_store, restore
@@ -354,7 +353,7 @@ class Daemon:
                 await fence.release()
             except StoreError as e:
                 log.warning("fence_release_failed", error=str(e))
-        totals = self.uploader.totals
+        totals: dict[str, Any] = self.uploader.totals
         if left:
             log.error("shutdown_pending", pending=len(left), paths=",".join(left[:20]),
                       seconds=round(time.monotonic() - t0, 3), **totals)

@@ -166,7 +166,7 @@ class Fence:
             self._claimed.set()
             log.error("fenced", detail=why)
             raise Fenced(why)
-        previous = _number(current.get("generation"), int)
+        previous = _stamp(current.get("generation"))
         stamp = next_stamp(previous)
         if not await self._write(stamp):
             self.fenced = "another sidecar claimed this store prefix at the same moment"
@@ -219,7 +219,7 @@ class Fence:
             t = time.monotonic()
             if not await self._write(self.stamp):
                 marker = await self._read()
-                theirs = _number(marker.get("generation"), int) >> 32
+                theirs = _stamp(marker.get("generation")) >> 32
                 who = (f"a newer sidecar (generation {theirs})" if theirs != self.generation else
                        f"another sidecar that claimed generation {theirs} at the same moment")
                 self.fenced = (conflict(marker, self.identity, self.namespace) or
@@ -233,7 +233,7 @@ class Fence:
 MAX_STAMP = 2**62  # so that the next stamp still fits a signed 64-bit mtime
 
 
-def _number(value: object, kind: type) -> int | float:
+def _number(value: object, kind: type) -> float:
     """A marker field as a number; 0 when missing, malformed or out of range (a marker someone
     else wrote)."""
     try:
@@ -243,3 +243,8 @@ def _number(value: object, kind: type) -> int | float:
     if not 0 <= number <= MAX_STAMP:  # also NaN
         return kind(0)
     return number
+
+
+def _stamp(value: object) -> int:
+    """A marker's ``generation`` field (a stamp); 0 when missing, malformed or out of range."""
+    return int(_number(value, int))

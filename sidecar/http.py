@@ -128,7 +128,7 @@ async def serve(settings: "Settings", daemon: "Daemon", *,
         addrs = [_fmt_addr(sub.extra(SocketAttribute.local_address)) for sub in listener.listeners]
         log.info("http_listening", addr=",".join(addrs), endpoints="/livez,/readyz,/metrics")
         for sub in listener.listeners:
-            tg.start_soon(server.accept_loop, sub, tg)
+            tg.start_soon(server.accept_loop, sub, tg)  # type: ignore[arg-type]  # a TCP listener's streams
         task_status.started()
 
 
@@ -222,7 +222,7 @@ class _Server:
                         return False
             finally:
                 self.reading.pop(token, None)
-        if head_scope.cancelled_caught:
+        if head_scope.cancelled_caught or end is None:
             return False
         if end < 0:
             await stream.send(_response(431, "request head too large\n", head_only=False))
@@ -278,7 +278,7 @@ def _watch_note() -> str:
     """``; watch degraded ...`` while the watcher polls (an inotify limit used up), else ''."""
     watcher = sys.modules.get("sidecar.watcher")  # never imported here: ``run`` starts its child sooner
     degraded = getattr(watcher, "DEGRADED", None)
-    if degraded is None or degraded.reason is None:
+    if watcher is None or degraded is None or degraded.reason is None:
         return ""
     return (f"; watch degraded for {int(time.monotonic() - degraded.since)}s: polling every "
             f"{watcher.POLL_SECONDS:g}s, {degraded.reason}")

@@ -10,7 +10,7 @@ import os
 import secrets
 import stat
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Iterator
+from typing import AsyncIterator, Generator
 
 from sidecar.paths import MAX_KEY_BYTES, RESTORE_MARKER, RESTORE_TMP_PREFIX, IgnoreRules, Root
 from sidecar.store.base import CHUNK_BYTES, ObjectMeta
@@ -247,7 +247,7 @@ class FileSource:
     md5: bytes  # the whole file's, for stores that record a Content-MD5
     version: tuple[int, int, int, int]  # size, mtime_ns, ctime_ns, inode of the hashed read
 
-    def iter_sync(self) -> Iterator[bytes]:
+    def iter_sync(self) -> Generator[bytes, None, None]:
         """The file's chunks, read here (blocking); raises Unstable after the last if it changed."""
         fd = _open_file_nofollow(self.root, self.parts)
         try:
@@ -265,7 +265,7 @@ class FileSource:
         """:meth:`iter_sync` with every read in a worker thread."""
         import anyio.to_thread
 
-        it = self.iter_sync()
+        it = self.iter_sync()  # a generator: closed below
         done = object()
         try:
             while (chunk := await anyio.to_thread.run_sync(next, it, done)) is not done:

@@ -22,7 +22,7 @@ def _build() -> dict[str, Any]:
     disable_created_metrics()  # no *_created series: one more per counter, of no use on a dashboard
     registry = CollectorRegistry(auto_describe=True)
     ProcessCollector(registry=registry, namespace="checkpoint_sidecar")
-    r = {"registry": registry}
+    r: dict[str, Any] = {"registry": registry}
     m: dict[str, Any] = {
         "REGISTRY": registry,
         "UPLOADS": Counter(_P + "uploaded_files", "Files stored durably", **r),

@@ -26,8 +26,20 @@ import anyio.to_thread
 
 from sidecar import log, metrics
 from sidecar.localfs import (
-    STREAM_MIN, ChecksumMismatch, OpenDirs, RestoreTemp, UnsafeTarget, clear_restoring, has_regular_files, mark_restoring, printable, remove_stale_restore_temps,
-    restore_cut_short, syncfs, unmirrorable_reason, write_restored,
+    STREAM_MIN,
+    ChecksumMismatch,
+    OpenDirs,
+    RestoreTemp,
+    UnsafeTarget,
+    clear_restoring,
+    has_regular_files,
+    mark_restoring,
+    printable,
+    remove_stale_restore_temps,
+    restore_cut_short,
+    syncfs,
+    unmirrorable_reason,
+    write_restored,
 )
 from sidecar.paths import Root, UnsafeKey, split_key
 from sidecar.plan import RootDecision, decide_restore, may_restore
@@ -263,7 +275,8 @@ class _Restore:
             log.info("restore_bundle", root=root.path, changes=len(overlay))
         for c in overlay.values():
             if c.data is not None:
-                self._queue(root, ObjectInfo(c.key, c.meta.size, c.meta.sha256, c.meta.mtime_ns, c.meta.mode), c)
+                m = c.written
+                self._queue(root, ObjectInfo(c.key, m.size, m.sha256, m.mtime_ns, m.mode), c)
         self.overlay_known[root.name].set()
 
     async def work(self, receive) -> None:

@@ -6,12 +6,12 @@ import random
 import time
 from typing import Any, Awaitable, Callable, TypeVar
 
-T = TypeVar("T")
-
 import anyio
 
 from sidecar import log
 from sidecar.store.base import StoreError, TransientStoreError
+
+T = TypeVar("T")
 
 BACKOFF_START = 0.1
 BACKOFF_MAX = 30.0

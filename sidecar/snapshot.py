@@ -34,6 +34,12 @@ class Change:
     data: bytes | None  # None: deleted
     meta: ObjectMeta | None
 
+    @property
+    def written(self) -> ObjectMeta:
+        """The metadata of a change that writes (``data`` is not None)."""
+        assert self.meta is not None, f"{self.key} is a deletion"
+        return self.meta
+
 
 def encode_bundle(root_name: str, changes: list[Change]) -> bytes:
     header = {
@@ -41,8 +47,8 @@ def encode_bundle(root_name: str, changes: list[Change]) -> bytes:
         "root": root_name,
         "entries": [
             {"key": c.key, "deleted": True} if c.data is None else
-            {"key": c.key, "size": c.meta.size, "sha256": c.meta.sha256, "mtime_ns": c.meta.mtime_ns,
-             "mode": c.meta.mode}
+            {"key": c.key, "size": c.written.size, "sha256": c.written.sha256, "mtime_ns": c.written.mtime_ns,
+             "mode": c.written.mode}
             for c in changes
         ],
     }

@@ -21,12 +21,21 @@ import anyio.to_thread
 from anyio.abc import TaskStatus
 
 from sidecar import log, metrics
-from sidecar.localfs import (TooLarge, Unstable, Vanished, absent, below_root_without_links, read_for_upload,
-                             read_stable, release_free_memory, scan_root)
+from sidecar.fence import Fence, Fenced
+from sidecar.localfs import (
+    TooLarge,
+    Unstable,
+    Vanished,
+    absent,
+    below_root_without_links,
+    read_for_upload,
+    read_stable,
+    release_free_memory,
+    scan_root,
+)
 from sidecar.paths import IgnoreRules, Root, UnsafeKey, locate, make_key, split_key
 from sidecar.queue import DELETE, UPLOAD, Op, PendingSet
 from sidecar.retry import backoff
-from sidecar.fence import Fence, Fenced
 from sidecar.snapshot import BUNDLE_DIR, Change, bundle_key, encode_bundle
 from sidecar.store.base import ObjectInfo, ObjectMeta, Store, StoreError, StoreFull, TransientStoreError
 
@@ -261,7 +270,7 @@ class Uploader:
         while True:
             attempt += 1
             try:
-                await self.fence.claim()
+                await self.fence.claim()  # type: ignore[union-attr]  # run() requires a fence
             except Fenced:
                 self._mark_fenced()
                 return
@@ -459,7 +468,7 @@ class Uploader:
         if changes is None:
             return False
         changes = [c for c in changes if c.data is None or not (
-            self.remote.get(c.key) and self.remote[c.key].same_as(c.meta))]
+            self.remote.get(c.key) and self.remote[c.key].same_as(c.written))]
         async with self._bundle_lock(root.name):
             await self._apply_changes(root, changes)
         log.debug("snapshot_committed", root=root.name, changes=len(changes))
@@ -481,7 +490,7 @@ class Uploader:
                 self.remote.pop(c.key, None)
                 self._count_delete()
             else:
-                self.remote[c.key] = await self.store.put(c.key, c.data, replace(c.meta, version=self._version()))
+                self.remote[c.key] = await self.store.put(c.key, c.data, replace(c.written, version=self._version()))
                 self._count_upload(len(c.data))
         if root.name in self.bundle_outstanding:
             await self._guard()

@@ -280,6 +280,7 @@ class _Watch:
         """Pump ``next`` from now on; returns what the old engine saw since its last batch."""
         with self._lock:
             old, self.notify, self.next = self.notify, self.next, None
+        assert old is not None  # swapped only while one is running
         try:
             drained = old.watch(0, 1, 1, None)
         except Exception:  # the old watch broke (an undecodable name): the new one is in place
@@ -487,6 +488,7 @@ async def _pump(w: _Watch, stop: threading.Event, on_batch, idle_step_ms: int) -
                 metrics.WATCH_EVENTS.inc(len(drained))
                 await on_batch(drained)
         step = ACTIVE_STEP_MS if time.monotonic() < active_until else max(ACTIVE_STEP_MS, idle_step_ms)
+        assert w.notify is not None  # built before the pump starts, swapped, never cleared while it runs
         raw = await anyio.to_thread.run_sync(w.notify.watch, 0, step, 1000, stop, abandon_on_cancel=True)
         if raw in ("timeout", "signal"):
             continue

@@ -254,6 +254,7 @@ def parse_store_url(url: str, prefix: str = "", known_account: str | None = None
             raise ValueError(f"store URL names no account and container; {form}")
         account, segments = segments[0], segments[1:]
     else:
+        assert m is not None  # host style: the host matched
         account = m.group("account").lower()
     if not _ACCOUNT_RE.match(account):
         raise ValueError(f"storage account name {account!r} is invalid (3-24 lowercase letters and digits)")
@@ -301,10 +302,13 @@ class _Credentials:
 
     def hint(self, account: str) -> str:
         return {
-            "connection string": "check AZURE_STORAGE_CONNECTION_STRING (AccountName/AccountKey or SAS) is current for this account",
+            "connection string":
+                "check AZURE_STORAGE_CONNECTION_STRING (AccountName/AccountKey or SAS) is current for this account",
             "account key": f"check AZURE_STORAGE_KEY is a current access key of account {account!r}",
-            "SAS token": "check the SAS token is for this account and container, has not expired (se=) and the clock is right",
-            "DefaultAzureCredential": "check the pod's managed or workload identity (AZURE_CLIENT_ID for a user-assigned one) and its token",
+            "SAS token":
+                "check the SAS token is for this account and container, has not expired (se=) and the clock is right",
+            "DefaultAzureCredential":
+                "check the pod's managed or workload identity (AZURE_CLIENT_ID for a user-assigned one) and its token",
         }[self.source]
 
 
@@ -385,7 +389,7 @@ def _token_credential(env: Mapping[str, str], timeout: float) -> Any:
     try:
         return DefaultAzureCredential(**options)
     except ValueError as e:  # an AZURE_TOKEN_CREDENTIALS value it does not know
-        raise ValueError(_one_line(e, 240)) from None
+        raise ValueError(_one_line(str(e), 240)) from None
 
 
 def _pick_credentials(env: Mapping[str, str], account: str, url_sas: str | None, scheme: str,
@@ -778,7 +782,7 @@ class AzureBlobStore:
         if self._container is None:
             if self._closed:
                 raise StoreError(f"{self._where()}: the store is closed")
-            s = self._client_settings
+            s: dict[str, Any] = self._client_settings
             session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=s["max_concurrency"]), trust_env=False,
                 cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=False,
@@ -931,7 +935,7 @@ class AzureBlobStore:
             body, length = (data, len(data)) if isinstance(data, bytes) else (data.chunks(), data.size)
             response = await blob.upload_blob(
                 body, length=length, overwrite=True, metadata=metadata, validate_content=True,
-                content_settings=ContentSettings(content_type="application/octet-stream", content_md5=md5),
+                content_settings=ContentSettings(content_type="application/octet-stream", content_md5=bytearray(md5)),
                 max_concurrency=4 if isinstance(data, bytes) else 1, **condition,
             )
         except ResourceModifiedError:
@@ -952,7 +956,7 @@ class AzureBlobStore:
             name_starts_with=start or None, include=["metadata"], results_per_page=size,
         ).by_page(continuation_token=token)
         page = await pages.__anext__()
-        return [props async for props in page], pages.continuation_token or None
+        return [props async for props in page], pages.continuation_token or None  # type: ignore[attr-defined]
 
     def _listed(self, props: Any, start: str, cut: int) -> ObjectInfo | None:
         name = props.name

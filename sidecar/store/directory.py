@@ -44,8 +44,7 @@ import anyio
 import anyio.to_thread
 
 from sidecar.paths import UnsafeKey, validate_relpath
-from sidecar.store.base import (CHUNK_BYTES, OWN_NAMESPACE, NotFound, ObjectInfo, ObjectMeta, Source, StoreError,
-                                StoreFull)
+from sidecar.store.base import CHUNK_BYTES, OWN_NAMESPACE, NotFound, ObjectInfo, ObjectMeta, Source, StoreError, StoreFull
 
 META_DIR = ".sidecar-meta"
 TMP_PREFIX = ".sidecar-tmp-"
