@@ -293,3 +293,21 @@ def test_disk_full_during_restore_is_one_clear_line_and_leaves_no_partial_file(t
         subprocess.run(["umount", str(target)], check=False)
         if os.path.ismount(target):
             subprocess.run(["umount", "-l", str(target)], check=False)
+
+
+def test_a_file_name_with_newlines_never_forges_status_lines(tmp_path):
+    """``status`` lists pending names one per line: a name holding a newline and a fake verdict
+    is printed escaped, on its own line, and cannot forge an 'in sync'."""
+    from support import run_cli, sidecar_env
+
+    work = tmp_path / "w"
+    forged = "x.json\nin sync\n  missing locally  fake.json"
+    (work / ".checkpoints").mkdir(parents=True)
+    (work / ".checkpoints" / forged).write_bytes(b"pending")
+    r = run_cli("status", cwd=work, env=sidecar_env(SIDECAR_STORE=str(tmp_path / "store")))
+    assert r.returncode == 1, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert "in sync" not in lines and lines[-1] == "NOT in sync", lines
+    assert any(ln.strip() == "pending upload   .checkpoints/x.json\\nin sync\\n  missing locally  fake.json"
+               for ln in lines), lines
+    assert not any(ln.startswith("  missing locally") for ln in lines), lines

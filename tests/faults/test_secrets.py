@@ -205,3 +205,22 @@ def test_restored_modes_stored_or_private_never_world_writable(azurite, tmp_path
         assert (cps / "a/stored-0640.json").stat().st_mtime_ns == 1700000000000000000
     finally:
         target.drop()
+
+
+def test_a_password_in_the_connection_strings_endpoint_is_never_printed(tmp_path):
+    """``BlobEndpoint=http://user:password@host/...``: refused in one line, exit 2, and neither the
+    password nor the key appears anywhere in what any command prints."""
+    secret = "pw-" + base64.b64encode(os.urandom(9)).decode().replace("/", "x").replace("+", "y")
+    conn = f"AccountName=devstoreaccount1;AccountKey={DEV_KEY};BlobEndpoint=http://me:{secret}@127.0.0.1:9/devstoreaccount1"
+    work = tmp_path / "work"
+    work.mkdir()
+    env = no_azure_env(AZURE_STORAGE_CONNECTION_STRING=conn)
+    store = ["--store", "http://127.0.0.1:9/devstoreaccount1/ckpt"]
+    for command in (["restore", *store], ["status", *store], ["run", *store, "--", "true"]):
+        r = run_cli(*command, cwd=work, env=env)
+        out = r.stdout + r.stderr
+        assert r.returncode == 2, out
+        assert secret not in out and DEV_KEY not in out, out
+        assert [ln for ln in r.stderr.splitlines() if not ln.startswith("{")] == [ln for ln in r.stderr.splitlines()
+                                                                                  if "config error" in ln], out
+        assert "Traceback" not in out

@@ -374,6 +374,7 @@ class Slowloris:
         self.sel.close()
 
 
+@pytest.mark.faults
 def test_probes_answer_under_500_slow_connections(work):
     """Clients that open connections and never finish a request (slowloris) used to fill every
     slot (64) for 5 s each, and /livez failed: the kubelet restarts such a pod. The oldest slow
