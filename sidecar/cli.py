@@ -215,8 +215,8 @@ def entry() -> None:
 
     Everything that matters is done when ``main`` returns: files are flushed and synced, the store
     is closed, the child has exited, every log line is written. Python's own shutdown after that
-    (module teardown, freeing every object one by one) took 30-40 ms after a large restore, time
-    an init container or a host's start waits for; ``os._exit`` skips it.
+    (module teardown, freeing every object one by one) is time an init container or a host's
+    start would wait for; ``os._exit`` skips it (bench/RESULTS.md has the figures).
 
     Any of fd 0, 1, 2 found closed gets ``/dev/null`` first (:func:`sidecar.log.ensure_stdio`).
     """

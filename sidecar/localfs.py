@@ -517,7 +517,7 @@ def mark_restoring(root: Root) -> None:
         fd = os.open(RESTORE_MARKER, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
         os.close(fd)
         # Durable before any restored file can be: after a power cut, a root holding files but no
-        # marker would be trusted as complete. (About 0.25 ms: little is dirty this early.)
+        # marker would be trusted as complete. Cheap: little is dirty this early.
         os.fsync(dfd)
     finally:
         os.close(dfd)

@@ -3,8 +3,8 @@
 One registry per process; labels never carry paths or secrets (bounded cardinality).
 
 The registry is built on first use (PEP 562 module ``__getattr__``), not at import: importing
-``prometheus_client`` costs about 25 ms, and ``run`` starts its child before anything touches a
-metric. The restorer, which runs before the child starts, reports through :func:`restored` and
+``prometheus_client`` is not free, and ``run`` starts its child before anything touches a metric.
+The restorer, which runs before the child starts, reports through :func:`restored` and
 :func:`restore_finished`, which hold their figures until the registry exists.
 """
 

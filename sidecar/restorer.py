@@ -2,7 +2,7 @@
 
 The listing is streamed: files are queued as each page of it arrives, and ``concurrency``
 workers download them meanwhile, so the first files land while the rest of the listing is still
-being fetched and parsed (for 1,000 files, that used to be 100 ms before the first download).
+being fetched and parsed.
 Each file is downloaded, its sha256 verified, written to a temp file beside its target with the
 stored mode and mtime, and renamed into place; directories are walked without following symlinks,
 so a stored name can never land outside its root. The restored filesystem is flushed at the end
@@ -70,8 +70,8 @@ class RestoreError(Exception):
     """Restore cannot bring the state back; the host must not start."""
 
 
-#: Restored files up to this size are written on the event loop (about 0.2 ms for 100 KiB);
-#: larger ones in a worker thread. Thread hand-offs cost a 1,000-file restore 120,000 futex calls.
+#: Restored files up to this size are written on the event loop, where that costs less than a
+#: hand-off to a worker thread and back; larger ones in a worker thread.
 INLINE_WRITE_MAX = 256 * 1024
 
 #: A large restore flushes what it has written so far in the background, each time this much more
@@ -82,7 +82,7 @@ FLUSH_EVERY_BYTES = 16 * 1024 * 1024
 async def _flush_as_it_fills(progress: "_Progress", started: dict[str, Root]) -> None:
     """Flush the roots being filled in a worker thread whenever another FLUSH_EVERY_BYTES have
     been written, until cancelled when the downloads end: the disk writes while the network
-    transfers. (Measured: the final flush of a 97 MiB restore went from 50-65 ms to about 10.)"""
+    transfers, and the final flush has little left to do."""
     flushed = 0
     while True:
         if progress.bytes - flushed >= FLUSH_EVERY_BYTES:

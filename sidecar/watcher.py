@@ -16,10 +16,9 @@ that path and identity) rebuilds the watch: the new instance is made while the o
 closed), then the new directories are handed over again (the uploader scans a directory hint) for
 the files written before their watch existed. Such a rebuild walks the tree (about 25 µs a
 directory, the GIL mostly free) and makes the engine (15-25 µs a directory, the GIL held
-throughout: the engine adds one watch at a time through its event-loop thread); measured on the
-2-core VM: 100 directories about 12 ms, 1000 about 45 ms, 10000 about 350 ms. Making the engine in
-recursive mode costs the same; what is new is one rebuild per new directory, so rebuilds are
-spaced (:data:`GROW_SPACING`) and a burst of new directories costs a bounded share of the time.
+throughout: the engine adds one watch at a time through its event-loop thread), so its cost
+grows with the tree, and rebuilds are spaced (:data:`GROW_SPACING`): a burst of new directories
+costs a bounded share of the time.
 
 Roots that do not exist yet are polled (cheaply, a ``stat`` each) and the inotify watch is rebuilt
 when one appears, disappears or is replaced; ``on_roots_changed`` is then called with every root so
@@ -473,9 +472,8 @@ async def _pump(w: _Watch, stop: threading.Event, on_batch, idle_step_ms: int) -
     """Hand event batches (sets of ``(change, path)``) over as soon as they arrive, from whichever
     engine ``w`` holds at the time.
 
-    watchfiles' engine checks for events every ``step`` ms, a thread wake-up and the GIL each time
-    (about 65 µs on the 2-core VM measured): 2 ms costs about 3 % of a core while nothing
-    happens, 20 ms 0.32 %, 25 ms 0.26 %. So the step is ``idle_step_ms``
+    watchfiles' engine checks for events every ``step`` ms, a thread wake-up and the GIL each
+    time, which a short step pays for with idle CPU. So the step is ``idle_step_ms``
     (SIDECAR_DEBOUNCE_MS) while idle and 2 ms for a few seconds after any event: the first write
     after a quiet spell waits half the idle step on average, the writes of a busy turn 1 ms.
     ``debounce=0`` returns a batch at the first check that sees one (coalescing happens later).
