@@ -94,6 +94,10 @@ def check_template(template: str) -> str:
     static = _REFERENCE.sub("x", template)
     if static and any(p in ("", ".", "..") or "\\" in p for p in static.split("/")):
         raise NamespaceError("must be a plain relative name like 'session-42' or 'team/{POD_NAME}'")
+    if static and any(p.startswith(".") for p in static.split("/")):
+        # '.checkpoints' or '.sidecar' as a segment would reach another namespace's roots or the
+        # sidecar's own objects
+        raise NamespaceError("a segment must not start with '.' (root and sidecar names do)")
     if any(ord(c) < 0x20 or c == "\x7f" for c in static):
         raise NamespaceError("must not contain control characters")
     if len(template.encode("utf-8", "surrogateescape")) > MAX_NAMESPACE_BYTES:

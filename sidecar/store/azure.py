@@ -186,7 +186,12 @@ def _is_ip_or_localhost(host: str) -> bool:
 def _join_prefix(*parts: str, what: str) -> str:
     segments: list[str] = []
     for part in parts:
-        segments.extend(s for s in part.strip("/").split("/") if s)
+        part = part.strip("/")
+        if "//" in part:
+            raise ValueError(f"bad {what}: empty segment in {part[:60]!r}")
+        segments.extend(s for s in part.split("/") if s)
+    if any(s.startswith(".") for s in segments):  # would reach roots or the sidecar's own objects
+        raise ValueError(f"bad {what}: a segment must not start with '.'")
     prefix = "/".join(segments)
     if prefix:
         try:

@@ -660,3 +660,13 @@ async def test_the_small_first_page_is_only_open_s_and_the_listing_goes_on_after
     counter.requests.clear()
     assert [i.key async for i in store.list()] == keys
     assert len(counter.requests) == 1  # a full page
+
+
+@pytest.mark.parametrize("url", ["https://acct.blob.core.windows.net/ckpt/.checkpoints",
+                                 "https://acct.blob.core.windows.net/ckpt/team/.sidecar",
+                                 "https://acct.blob.core.windows.net/ckpt/a//b"])
+def test_a_url_prefix_never_names_a_root_or_the_sidecars_own(url):
+    from sidecar.store.azure import parse_store_url
+
+    with pytest.raises(ValueError, match="bad"):
+        parse_store_url(url)

@@ -94,3 +94,11 @@ def test_identity_conflict_rules():
     why = conflict({"identity": s1}, s2, "ns")
     assert why and "FOUNDRY_AGENT_SESSION_ID=s1" in why and "FOUNDRY_AGENT_SESSION_ID=s2" in why and "\n" not in why
     assert marker_identity({"identity": "junk"}) == {} and marker_identity([]) == {}  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("template", ["team/.checkpoints", ".sidecar", "a/.sidecar-meta", ".x/{POD_NAME}"])
+def test_a_fixed_segment_never_names_a_root_or_the_sidecars_own(template):
+    """'team/.checkpoints' would make 'team's namespace hold another one's root keys: a sidecar
+    on 'team' would reconcile (and delete) them."""
+    with pytest.raises(NamespaceError, match="must not start with '.'"):
+        resolve(template, {"POD_NAME": "p"})
