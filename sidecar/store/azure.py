@@ -237,6 +237,8 @@ def parse_store_url(url: str, prefix: str = "", known_account: str | None = None
     netloc = f"[{host}]" if ":" in host else host
     if port is not None:
         netloc = f"{netloc}:{port}"
+    if "//" in parts.path.rstrip("/").lstrip("/"):
+        raise ValueError("bad store URL: an empty path segment ('//')")
     segments = [unquote(s) for s in parts.path.split("/") if s]
 
     m = _HOST_STYLE_RE.match(host)
