@@ -70,6 +70,8 @@ class RestoreError(Exception):
     """Restore cannot bring the state back; the host must not start."""
 
 
+#: Unverified files named one by one in the log (the rest are counted in ``restore_done``).
+UNVERIFIED_SHOWN = 20
 #: Restored files up to this size are written on the event loop, where that costs less than a
 #: hand-off to a worker thread and back; larger ones in a worker thread.
 INLINE_WRITE_MAX = 256 * 1024
@@ -327,6 +329,10 @@ class _Restore:
                 expected = got.sha256 or info.sha256
                 if expected is None and attempt == 1:
                     self.result.unverified += 1
+                    if self.result.unverified <= UNVERIFIED_SHOWN:
+                        log.warning("restore_unverified", path=info.key,
+                                    detail="no sha256 is recorded for it (written by another tool, or a put cut "
+                                           "short): restored as stored, unchecked")
             try:
                 if streamed:
                     await _write_streamed(root, parts, chunks, got, expected)

@@ -345,11 +345,14 @@ class DirectoryStore:
         try:
             rec = _read_record(meta_path)
             version = _bounded(rec.get("version", 0 if not own else rec.get("mtime_ns", 0)))
-            if rec.get("size") == st.st_size and rec.get("data_mtime_ns") == st.st_mtime_ns:
-                return ObjectInfo(
-                    key, st.st_size, str(rec["sha256"]), _bounded(rec["mtime_ns"]), int(rec["mode"]) & 0o7777,
-                    str(st.st_mtime_ns), version,
-                )
+            # A record is removed before its data is replaced, so one that is there describes the
+            # last complete put: when the data file no longer matches it (copied without mtimes,
+            # or changed by something else) its sha256 is still what the bytes must be, and a
+            # restore checks them against it.
+            return ObjectInfo(
+                key, st.st_size, str(rec["sha256"]), _bounded(rec["mtime_ns"]), int(rec["mode"]) & 0o7777,
+                str(st.st_mtime_ns), version,
+            )
         except (OSError, ValueError, KeyError, TypeError, OverflowError):
             pass
         return ObjectInfo(key, st.st_size, None, st.st_mtime_ns, st.st_mode & 0o7777, str(st.st_mtime_ns), version)

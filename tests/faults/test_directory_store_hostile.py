@@ -145,3 +145,18 @@ def test_huge_stored_numbers_are_malformed_values_not_crashes(tmp_path):
     assert "unexpected" not in r.stderr and "Traceback" not in r.stderr
     assert disk_tree(fresh / ".checkpoints") == {"c.json": b"data"}
     assert any(e.get("event") == "fence_claimed" for e in json_lines(r.stderr)), r.stderr
+
+
+def test_an_object_changed_behind_the_stores_back_is_caught_as_corrupt(tmp_path):
+    """Its bytes rewritten by something else (the data file's mtime changes, the record stays):
+    the restore checks them against the recorded sha256 and fails, naming the object."""
+    env = sidecar_env(SIDECAR_STORE=str(tmp_path / "store"))
+    src = tmp_path / "src"
+    write_atomic(src / ".checkpoints" / "c.json", b'{"good": true}')
+    assert run_cli("run", "--", "true", cwd=src, env=env).returncode == 0
+    (tmp_path / "store" / ".checkpoints" / "c.json").write_bytes(b'{"goo')  # truncated by hand
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    r = run_cli("restore", cwd=fresh, env=env)
+    assert r.returncode == 1 and ".checkpoints/c.json" in r.stderr and "sha256" in r.stderr, r.stderr[-2000:]
+    assert not (fresh / ".checkpoints" / "c.json").exists()
