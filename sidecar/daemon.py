@@ -22,7 +22,17 @@ from anyio.abc import TaskStatus
 from sidecar import log, metrics
 from sidecar.config import Settings
 from sidecar.fence import check_identity
-from sidecar.localfs import Gaps, LocalStat, absent, below_root_without_links, has_regular_files, restore_cut_short, scan_root
+from sidecar.localfs import (
+    Gaps,
+    LocalStat,
+    absent,
+    below_root_without_links,
+    has_regular_files,
+    load_kept,
+    restore_cut_short,
+    save_kept,
+    scan_root,
+)
 from sidecar.paths import IgnoreRules, Root
 from sidecar.plan import plan_reconcile
 from sidecar.restorer import Listing, RestoreResult, list_store, restore
@@ -141,9 +151,30 @@ class Daemon:
                                              concurrency=self.settings.concurrency, deadline=deadline,
                                              on_corrupt=self.settings.restore_corrupt, max_file_size=self.settings.max_file_size)
         self.health.restore = result
-        self.kept_keys |= set(result.refused) | set(result.quarantined)
+        await self._keep(set(result.refused) | set(result.quarantined))
         self.namespace_empty = not self.listing.objects and not self.listing.bundles and not self.listing.unsafe
         return result
+
+    async def _keep(self, refused: set[str]) -> None:
+        """Add the keys this start's restore refused or set aside to those earlier starts recorded
+        on this disk (``KEPT_FILE`` in each root), and record the union: a restarted sidecar beside
+        the same disk must not take their absence for a deletion either."""
+        for root in self.roots:
+            earlier = await anyio.to_thread.run_sync(load_kept, root)
+            now = {k for k in refused if k.startswith(root.name + "/")}
+            self.kept_keys |= earlier | now
+            if now - earlier:
+                await anyio.to_thread.run_sync(save_kept, root, earlier | now)
+
+    async def _forget_kept(self, present: set[str]) -> None:
+        """Keys with a file of the host's own on disk again are mirrored as usual from now on."""
+        gone = self.kept_keys & present
+        if not gone:
+            return
+        self.kept_keys -= gone
+        for root in self.roots:
+            if any(k.startswith(root.name + "/") for k in gone):
+                await anyio.to_thread.run_sync(save_kept, root, self.kept_keys)
 
     async def report_legacy_state(self) -> None:
         """When this compute's namespace and its roots are empty, look once where a release
@@ -253,7 +284,7 @@ class Daemon:
         known = self.uploader.remote if remote is None else remote
         known = {k: v for k, v in known.items() if k.split("/", 1)[0] in names}
         busy = self.uploader.pending_keys()
-        self.kept_keys -= local.keys()  # a file of the host's own is there now: mirrored as usual
+        await self._forget_kept(set(local))
         plan = plan_reconcile(local, known, self.kept_roots, self.kept_keys, gaps)
         upload = [k for k in plan.upload if k not in busy and not self.uploader.still_skipped(k, local[k])]
         delete = [k for k in plan.delete if k not in busy and (known_before is None or k in known_before)]

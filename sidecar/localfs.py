@@ -6,13 +6,14 @@ from __future__ import annotations
 import ctypes
 import errno
 import hashlib
+import json
 import os
 import secrets
 import stat
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Generator
 
-from sidecar.paths import MAX_KEY_BYTES, RESTORE_MARKER, RESTORE_TMP_PREFIX, IgnoreRules, Root
+from sidecar.paths import KEPT_FILE, MAX_KEY_BYTES, RESTORE_MARKER, RESTORE_TMP_PREFIX, IgnoreRules, Root
 from sidecar.store.base import CHUNK_BYTES, ObjectMeta
 
 
@@ -169,7 +170,7 @@ def has_regular_files(path: str) -> bool:
             continue
         with it:
             for entry in it:
-                if entry.is_file(follow_symlinks=False):
+                if entry.is_file(follow_symlinks=False) and entry.name != KEPT_FILE:
                     return True
                 if entry.is_dir(follow_symlinks=False):
                     stack.append(entry.path)
@@ -519,6 +520,65 @@ def mark_restoring(root: Root) -> None:
         # Durable before any restored file can be: after a power cut, a root holding files but no
         # marker would be trusted as complete. Cheap: little is dirty this early.
         os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+#: The kept-keys file is small: more keys than this are not recorded (the rest are still kept
+#: for as long as this process runs).
+MAX_KEPT = 10_000
+
+
+def load_kept(root: Root) -> set[str]:
+    """The keys :func:`save_kept` recorded in ``root`` (a bounded regular file read without
+    following links); empty when there is none or it is not ours."""
+    try:
+        dfd = _open_root(root.path, create=False)
+    except OSError:
+        return set()
+    try:
+        fd = os.open(KEPT_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+    except OSError:
+        return set()
+    finally:
+        os.close(dfd)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return set()
+        raw = os.read(fd, 4 * 1024 * 1024)
+    finally:
+        os.close(fd)
+    try:
+        keys = json.loads(raw)
+    except ValueError:
+        return set()
+    if not isinstance(keys, list):
+        return set()
+    return {k for k in keys[:MAX_KEPT] if isinstance(k, str) and k.startswith(root.name + "/")}
+
+
+def save_kept(root: Root, keys: set[str]) -> None:
+    """Record ``keys`` (this root's) at the top of ``root``, atomically; none: the file goes."""
+    mine = sorted(k for k in keys if k.startswith(root.name + "/"))[:MAX_KEPT]
+    try:
+        dfd = _open_root(root.path, create=bool(mine))
+    except OSError:
+        return
+    try:
+        if not mine:
+            try:
+                os.unlink(KEPT_FILE, dir_fd=dfd)
+            except FileNotFoundError:
+                pass
+            return
+        tmp = RESTORE_TMP_PREFIX + secrets.token_hex(6)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+        try:
+            os.write(fd, json.dumps(mine).encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(tmp, KEPT_FILE, src_dir_fd=dfd, dst_dir_fd=dfd)
     finally:
         os.close(dfd)
 

@@ -28,8 +28,11 @@ RESTORE_TMP_PREFIX = ".sidecar-restore-"
 #: Left at the top of a root while a restore fills it; still there at start-up, it says that the
 #: root holds a cut-short restore, not the truth.
 RESTORE_MARKER = ".sidecar-restoring"
+#: At the top of a root: the stored keys of that root its restores refused or set aside (never
+#: placed on disk, so never to be taken for deleted), kept across the sidecar's restarts.
+KEPT_FILE = ".sidecar-kept"
 #: Our own files inside roots: never mirrored, whatever ``ignore`` says.
-INTERNAL_IGNORE = (RESTORE_TMP_PREFIX + "*", RESTORE_MARKER)
+INTERNAL_IGNORE = (RESTORE_TMP_PREFIX + "*", RESTORE_MARKER, KEPT_FILE)
 
 MAX_KEY_BYTES = 1024  # Azure Blob's limit on a blob name; the directory store follows it too.
 

@@ -183,3 +183,35 @@ def test_a_corrupt_object_fails_the_restore_unless_skipped(tmp_path):
     assert any(e.get("event") == "restore_corrupt_object_quarantined" and e["path"] == ".checkpoints/bad.json"
                for e in sc.events())
     assert data.exists()  # quarantined in place: never deleted by the sync
+
+
+@pytest.mark.parametrize("why", ["too_large", "corrupt"])
+def test_what_a_restore_refused_stays_stored_across_restarts_on_the_same_disk(tmp_path, why):
+    """The sidecar restarts beside the host's disk (a sidecar container restarted, or sync after a
+    restore init container): the root holds files now, so nothing is restored, and the object the
+    first restore refused is still not on disk. Its absence is not a deletion then either."""
+    env = sidecar_env(SIDECAR_STORE=str(tmp_path / "store"))
+    old = tmp_path / "old"
+    old.mkdir()
+    mirror(old, env, {"big.bin": b"x" * 5000, "s.json": b"small"})
+    if why == "too_large":
+        env["SIDECAR_MAX_FILE_SIZE"] = "1000"
+    else:
+        env["SIDECAR_RESTORE_CORRUPT"] = "skip"
+        data = tmp_path / "store" / ".checkpoints" / "big.bin"
+        st = data.stat()
+        with open(data, "r+b") as f:
+            f.write(b"y")
+        os.utime(data, ns=(st.st_atime_ns, st.st_mtime_ns))
+    new = tmp_path / "new"
+    new.mkdir()
+    for start in (1, 2):
+        sc = Sidecar(new, "sync", env=env)
+        sc.wait_event("ready")
+        assert sc.stop() == 0, sc.log()[-2000:]
+        assert disk_tree(new / ".checkpoints") == {"s.json": b"small"}, start
+        assert "big.bin" in store_tree(tmp_path / "store"), f"deleted on start {start}:\n{sc.log()[-2000:]}"
+    # the host writes that file itself: mirrored as usual from then on
+    write_atomic(new / ".checkpoints" / "big.bin", b"the host's own")
+    assert run_cli("run", "--", "true", cwd=new, env=env).returncode == 0
+    assert store_tree(tmp_path / "store")["big.bin"] == b"the host's own"
