@@ -85,16 +85,28 @@ def marker_identity(marker: dict) -> dict[str, str]:
     return {str(k)[:64]: str(v)[:128] for k, v in value.items()}
 
 
+#: The marker's field read_marker adds: the version the store holds the marker at (0: none).
+STORED_VERSION = "_stored_version"
+
+
 async def read_marker(store: Store) -> dict:
-    """The owner marker's fields; {} when there is none or it is not a JSON object."""
+    """The owner marker's fields, plus :data:`STORED_VERSION`; {} when there is none. A marker
+    that is not a JSON object (garbled, or written by something else) reads as no fields but its
+    stored version, so a claim still lands above it."""
     try:
-        data, _ = await store.get(OWNER_KEY)
-        value = json.loads(data)
+        data, info = await store.get(OWNER_KEY)
     except NotFound:
         return {}
+    try:
+        value = json.loads(data)
     except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
+        value = None
+    if not isinstance(value, dict):
+        log.warning("owner_marker_unreadable", detail="the namespace's owner marker is not a JSON object: "
+                    "claimed over (the store's version of it still orders the claim)")
+        value = {}
+    value[STORED_VERSION] = info.version
+    return value
 
 
 async def check_identity(store: Store, identity: dict[str, str], namespace: str) -> None:
@@ -166,7 +178,9 @@ class Fence:
             self._claimed.set()
             log.error("fenced", detail=why)
             raise Fenced(why)
-        previous = _stamp(current.get("generation"))
+        # above the marker's generation and the version the store keeps it at, whichever is higher
+        # (a garbled marker has only the latter)
+        previous = max(_stamp(current.get("generation")), _stamp(current.get(STORED_VERSION)))
         stamp = next_stamp(previous)
         if not await self._write(stamp):
             self.fenced = "another sidecar claimed this store prefix at the same moment"
@@ -180,7 +194,7 @@ class Fence:
         # the namespace (still draining, or gone without a word) may write until its last proof
         # plus one window, so our first write waits a whole window and the margin, on our own
         # monotonic clock, from now. A released marker (heartbeat 0) or none: no wait.
-        released = not current or _number(current.get("heartbeat"), float) == 0
+        released = not current or ("heartbeat" in current and _number(current["heartbeat"], float) == 0)
         wait = 0.0 if released else self.window + self.margin
         self.writable_at = now + wait
         if wait > 0:

@@ -332,3 +332,23 @@ def test_a_snapshot_commit_stops_at_the_first_write_after_it_is_fenced(tmp_path)
         await store.aclose()
 
     anyio.run(main)
+
+
+@pytest.mark.parametrize("garbage", [b"garbage{", b"[1, 2]", b""])
+def test_a_garbled_owner_marker_is_claimed_over_not_fenced_for_ever(tmp_path, garbage):
+    """The marker's bytes replaced by something that is no JSON object: the next sidecar claims
+    above the version the store holds it at, waits out a possible owner's window, and mirrors."""
+    from support import Sidecar, run_cli, sidecar_env
+
+    env = sidecar_env(SIDECAR_STORE=str(tmp_path / "store"))
+    work = tmp_path / "w"
+    for n in range(3):
+        write_atomic(work / ".checkpoints" / f"c{n}.json", b"x")
+        assert run_cli("run", "--", "true", cwd=work, env=env).returncode == 0
+    (tmp_path / "store" / ".sidecar" / "owner").write_bytes(garbage)
+    sc = Sidecar(work, "sync", env=env)
+    sc.wait_event("ready")
+    write_atomic(work / ".checkpoints" / "after.json", b"mirrored")
+    wait_for(lambda: store_tree(tmp_path / "store").get("after.json") == b"mirrored", 30, "the write mirrored")
+    assert not sc.has_event("fenced")
+    assert sc.stop() == 0
