@@ -164,10 +164,12 @@ class Fence:
         self._writes += 1
         return self.generation << VERSION_COUNTER_BITS | self._writes if self.stamp else 0
 
-    async def _write(self, stamp: int) -> bool:
-        """Write our marker; False when the store holds a higher stamp (we are fenced)."""
+    async def _write(self, stamp: int, if_version: int | None = None) -> bool:
+        """Write our marker; False when the store holds a higher stamp (we are fenced) or, with
+        ``if_version``, when the marker is no longer the one read."""
         body = self._body(stamp, time.time())
-        info = await self.store.put(OWNER_KEY, body, ObjectMeta.of(body, stamp, 0o600, version=stamp))
+        info = await self.store.put(OWNER_KEY, body, ObjectMeta.of(body, stamp, 0o600, version=stamp),
+                                    if_version=if_version)
         return info.version == stamp
 
     async def claim(self) -> None:
@@ -182,8 +184,10 @@ class Fence:
         # (a garbled marker has only the latter)
         previous = max(_stamp(current.get("generation")), _stamp(current.get(STORED_VERSION)))
         stamp = next_stamp(previous)
-        if not await self._write(stamp):
-            self.fenced = "another sidecar claimed this store prefix at the same moment"
+        # a compare-and-swap on the marker as read: of two claims from one read, one lands
+        if not await self._write(stamp, if_version=_stamp(current.get(STORED_VERSION))):
+            self.fenced = (conflict(await self._read(), self.identity, self.namespace)
+                           or "another sidecar claimed this store prefix at the same moment")
             self._claimed.set()
             log.error("fenced", detail=self.fenced)
             raise Fenced(self.fenced)

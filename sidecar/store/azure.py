@@ -996,8 +996,10 @@ class AzureBlobStore:
             raise self._error(e, "opening the store") from None
         self._opened = True
 
-    async def put(self, key: str, data: bytes | Source, meta: ObjectMeta) -> ObjectInfo:
-        """Upload ``data`` unless the store already holds a newer version of ``key``.
+    async def put(self, key: str, data: bytes | Source, meta: ObjectMeta, if_version: int | None = None) -> ObjectInfo:
+        """Upload ``data`` unless the store already holds a newer version of ``key`` (or, with
+        ``if_version``, unless it holds any other version than that: a compare-and-swap on the
+        ETag seen with it).
 
         Conditional-write rule, with ``sidecar_version`` as the version: the write is
         conditional on the ETag this store last saw for the blob (``If-Match``), or on the blob's
@@ -1014,8 +1016,18 @@ class AzureBlobStore:
         metadata = {META_SHA256: meta.sha256, META_MTIME: str(meta.mtime_ns), META_MODE: format(meta.mode & 0o7777, "o"),
                     META_VERSION: str(meta.version)}
         seen = self._seen.get(name)
-        if seen is not None and seen.version > meta.version:
-            return seen  # known newer already: a stale upload, superseded without a request
+        if seen is not None and (seen.version > meta.version or (if_version is not None and seen.version != if_version)):
+            return seen  # known newer (or other) already: superseded without a request
+        if if_version and seen is None:  # a swap against an object this store has not seen: look first
+            try:
+                props = await self._container_client().get_blob_client(name).get_blob_properties()
+            except ResourceNotFoundError:
+                return ObjectInfo(key, 0, None, 0, 0)  # not there: the swap is refused
+            except AzureError as e:
+                raise self._error(e, f"uploading {key!r}") from None
+            seen = self._seen[name] = self._info(key, props.size, props.metadata, props.etag, props.last_modified)
+            if seen.version != if_version:
+                return seen
         etag = seen.etag if seen is not None else None
         md5 = hashlib.md5(data).digest() if isinstance(data, bytes) else data.md5
         try:
@@ -1036,10 +1048,14 @@ class AzureBlobStore:
                     if _code(e) == "ContainerNotFound":
                         raise
                     self._seen.pop(name, None)
+                    if if_version not in (None, 0):
+                        return ObjectInfo(key, 0, None, 0, 0)  # gone since it was read: nothing written
                     etag = None  # deleted meanwhile: write it if still absent
                     continue
                 current = self._info(key, props.size, props.metadata, props.etag, props.last_modified)
                 self._seen[name] = current
+                if if_version is not None and current.version != if_version:
+                    return current  # changed since it was read: the swap is refused
                 if current.version > meta.version:
                     log.debug("upload_superseded", key=key, detail="a newer version is in the store")
                     return current

@@ -100,9 +100,11 @@ class Store(Protocol):
     async def open(self) -> None:
         """Connect and check the store is usable (create the container or directory if allowed)."""
 
-    async def put(self, key: str, data: bytes | Source, meta: ObjectMeta) -> ObjectInfo:
+    async def put(self, key: str, data: bytes | Source, meta: ObjectMeta, if_version: int | None = None) -> ObjectInfo:
         """Store ``data`` under ``key`` atomically: readers see the old object or the new, whole.
         A :class:`Source` is streamed, never held whole; when its read fails, nothing changes.
+        With ``if_version``, write only if the stored object is at exactly that version (0: none
+        stored): a compare-and-swap, for the owner marker; otherwise the stored info is returned.
 
         Supersede rule: when the stored object's ``version`` is higher than ``meta.version``,
         nothing is written and the stored object's info is returned (``info.version`` tells the

@@ -289,7 +289,7 @@ class DirectoryStore:
 
         await self._run(check)
 
-    async def put(self, key: str, data: bytes | Source, meta: ObjectMeta) -> ObjectInfo:
+    async def put(self, key: str, data: bytes | Source, meta: ObjectMeta, if_version: int | None = None) -> ObjectInfo:
         data_path, meta_path = self._paths(key)
 
         def write() -> ObjectInfo:
@@ -300,13 +300,15 @@ class DirectoryStore:
             # A stale upload never replaces a newer version (mtime_ns is the version stamp).
             try:
                 st = os.stat(data_path, follow_symlinks=False)
+            except (FileNotFoundError, NotADirectoryError):
+                if if_version not in (None, 0):
+                    return ObjectInfo(key, 0, None, 0, 0)  # gone since it was read: nothing written
+            else:
                 current = self._info(key, data_path, meta_path, st)
-                if current.version > meta.version:
+                if current.version > meta.version or (if_version is not None and current.version != if_version):
                     return current
                 # the old record must not outlive its bytes (see the module's docstring)
                 _remove_durably(meta_path)
-            except (FileNotFoundError, NotADirectoryError):
-                pass
             written = _write_atomic(data_path, data, meta.mode, meta.mtime_ns)
             record = {
                 "size": meta.size,

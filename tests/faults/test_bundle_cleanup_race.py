@@ -39,8 +39,8 @@ class SlowCleanupAnswer(DirectoryStore):
             self.cleanup_applied.set()
             await self.release.wait()
 
-    async def put(self, key, data, meta):
-        info = await super().put(key, data, meta)
+    async def put(self, key, data, meta, **conditions):
+        info = await super().put(key, data, meta, **conditions)
         if not key.startswith(".sidecar/"):
             self.file_puts += 1
             if self.file_puts == 2:  # the commit's files are in: the cleanup's answer arrives now

@@ -139,11 +139,11 @@ def _recording_store(path, slow_owner_read: float = 0.0, refuse_owner_write: boo
                 await anyio.sleep(slow_owner_read)
             return await super().get(key)
 
-        async def put(self, key, data, meta):
+        async def put(self, key, data, meta, **conditions):
             if key == OWNER_KEY and refuse_owner_write:
                 raise StoreError("403 AuthorizationPermissionMismatch (a read-only credential)")
             self.writes.append(f"put {key}")
-            return await super().put(key, data, meta)
+            return await super().put(key, data, meta, **conditions)
 
         async def delete(self, key):
             self.writes.append(f"delete {key}")
@@ -307,8 +307,8 @@ def test_a_snapshot_commit_stops_at_the_first_write_after_it_is_fenced(tmp_path)
     class TakenOverAfterOneFile(DirectoryStore):
         written: list[str] = []
 
-        async def put(self, key, data, meta):
-            info = await super().put(key, data, meta)
+        async def put(self, key, data, meta, **conditions):
+            info = await super().put(key, data, meta, **conditions)
             if key in keys:
                 type(self).written.append(key)
                 if len(type(self).written) == 1:  # a newer sidecar claims the prefix now
