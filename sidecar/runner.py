@@ -6,7 +6,8 @@ not SIGTERM: a child that ignores SIGTERM would run on, and nothing is left to e
 wrapper is gone. The wrapper only dies without its own orderly stop when it is SIGKILLed itself (or
 crashes), and then nothing would mirror what a gracefully stopping child still writes anyway.
 (The signal follows the death of the *thread* that spawned the child: the event loop's, the main
-thread.)
+thread.) It reaches the direct child only: processes the child started live on after a SIGKILL of
+the wrapper unless the wrapper is the container's PID 1, whose death ends every process in it.
 
 A stop signal forwarded to the child (SIGTERM; SIGINT too when the child has a process group of its
 own) is followed by SIGKILL after :data:`DEFAULT_STOP_GRACE` seconds if the child is still running, so a
