@@ -69,6 +69,7 @@ def test_a_large_file_streams_both_ways_in_bounded_memory(kind, tmp_path, reques
         env = target.env(SIDECAR_STORE=target.store_url)
     else:
         env = sidecar_env(SIDECAR_STORE=str(tmp_path / "store"))
+    env["SIDECAR_DRAIN_TIMEOUT"] = "600"  # run exits with its child's code: let the flush finish, however slow
     try:
         src = tmp_path / "src"
         digest = big_file(src / ".checkpoints" / "big.bin")
