@@ -12,10 +12,10 @@ from __future__ import annotations
 import hashlib
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-
 from support import json_lines, sidecar_cmd, sidecar_env, wait_for
 
 pytestmark = pytest.mark.faults
@@ -25,18 +25,25 @@ SIZE = 160 * 1024 * 1024
 RSS_LIMIT_MIB = 120
 
 
+#: Runs argv and prints its exit code and peak RSS. A process forked from a large one (pytest,
+#: late in a run) starts with the parent's pages counted in its ru_maxrss, so the sidecar is
+#: forked from this small, freshly exec'd helper instead.
+_MEASURE = (
+    "import json, os, subprocess, sys; p = subprocess.Popen(sys.argv[1:]); _, st, ru = os.wait4(p.pid, 0); "
+    "print(json.dumps({'code': os.waitstatus_to_exitcode(st), 'rss_kib': ru.ru_maxrss}))"
+)
+
+
 def run_measured(args: list[str], cwd: Path, env: dict[str, str], timeout: float = 300) -> tuple[int, float, str]:
     """(exit code, peak RSS in MiB, stderr) of one sidecar command."""
+    import json
+
     err = cwd.parent / f"stderr-{os.getpid()}-{len(args)}.log"
     with open(err, "wb") as f:
-        proc = subprocess.Popen(sidecar_cmd(*args), cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=f)
-        try:
-            _pid, status, usage = os.wait4(proc.pid, 0)
-        except BaseException:
-            proc.kill()
-            raise
-        proc.returncode = os.waitstatus_to_exitcode(status)
-    return proc.returncode, usage.ru_maxrss / 1024, err.read_text(errors="replace")
+        r = subprocess.run([sys.executable, "-c", _MEASURE, *sidecar_cmd(*args)], cwd=cwd, env=env,
+                           stdout=subprocess.PIPE, stderr=f, timeout=timeout)
+    out = json.loads(r.stdout.decode().strip().splitlines()[-1])
+    return out["code"], out["rss_kib"] / 1024, err.read_text(errors="replace")
 
 
 def big_file(path: Path) -> str:
