@@ -135,13 +135,14 @@ def _fsync_nearest_dir(path: str, top: str) -> None:
             path = os.path.dirname(path)
 
 
-def _remove_durably(path: str) -> None:
-    """Unlink ``path`` (if there) and fsync its directory."""
+def _remove_durably(path: str, top: str) -> None:
+    """Unlink ``path`` (if there) and fsync its directory (or, when a concurrent delete has pruned
+    it, its nearest existing ancestor)."""
     try:
         os.unlink(path)
     except FileNotFoundError:
         return
-    _fsync_dir(os.path.dirname(path))
+    _fsync_nearest_dir(os.path.dirname(path), top)
 
 
 def _write_atomic(path: str, data: "bytes | Source", mode: int = 0o600, mtime_ns: int | None = None) -> os.stat_result:
@@ -226,8 +227,8 @@ class DirectoryStore:
                 continue
             if not last and stat.S_ISREG(st.st_mode):  # an object "a" where "a/b" must go
                 self._check_objects(here, ["/".join(rel[:i + 1])])
-                _remove_durably(here)
-                _remove_durably(_meta_path(self.top, "/".join(rel[:i + 1])))
+                _remove_durably(here, self.top)
+                _remove_durably(_meta_path(self.top, "/".join(rel[:i + 1])), self.top)
                 return
             if last and stat.S_ISDIR(st.st_mode):  # objects "a/..." where "a" must go
                 below = []
@@ -308,7 +309,7 @@ class DirectoryStore:
                 if current.version > meta.version or (if_version is not None and current.version != if_version):
                     return current
                 # the old record must not outlive its bytes (see the module's docstring)
-                _remove_durably(meta_path)
+                _remove_durably(meta_path, self.top)
             written = _write_atomic(data_path, data, meta.mode, meta.mtime_ns)
             record = {
                 "size": meta.size,

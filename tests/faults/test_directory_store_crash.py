@@ -94,7 +94,7 @@ def test_an_older_owner_marker_is_refused_while_the_record_is_being_replaced(tmp
         await store.open()
         await store.put(OWNER_KEY, marker, ObjectMeta.of(marker, 2 << 32, 0o600, version=2 << 32))
         _data_path, meta_path = store._paths(OWNER_KEY)
-        directory_mod._remove_durably(meta_path)  # a replacement of it under way
+        directory_mod._remove_durably(meta_path, store.top)  # a replacement of it under way
         info = await store.put(OWNER_KEY, older, ObjectMeta.of(older, 1 << 32, 0o600, version=1 << 32))
         assert info.version == 2 << 32, "an older marker was accepted"
         assert (await store.get(OWNER_KEY))[0] == marker

@@ -63,8 +63,9 @@ def test_soak_random_workload_ends_byte_exact(kind, tmp_path, request):
             wait_converged_azure(target, cps, 90)
         wait_for(lambda: metrics(base)["checkpoint_sidecar_pending_paths"] == 0, 30, "nothing pending")
         m = metrics(base)
-        assert m.get("checkpoint_sidecar_failures_total{kind=internal}", 0) == 0
-        assert m.get("checkpoint_sidecar_failures_total{kind=store}", 0) == 0
+        failures = [e for e in sc.events() if e.get("level") in ("warning", "error")]
+        assert m.get("checkpoint_sidecar_failures_total{kind=internal}", 0) == 0, failures
+        assert m.get("checkpoint_sidecar_failures_total{kind=store}", 0) == 0, failures
         files = disk_tree(cps)
         print(f"\n{kind}: seed {SOAK_SEED}, {load.progress} operations in {SOAK_SECONDS:g}s {dict(sorted(load.counts.items()))}, "
               f"{len(files)} files at the end, max pending {max_pending:.0f}, "
