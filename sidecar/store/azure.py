@@ -1067,36 +1067,20 @@ class AzureBlobStore:
             "writers; will retry later", self._secrets))
 
     async def get(self, key: str) -> tuple[bytes, ObjectInfo]:
-        name = self._name(key)
+        name, downloader = await self._download(key)
         try:
-            downloader = await self._container_client().download_blob(name, max_concurrency=1)
             data = await downloader.readall()
-        except ResourceNotFoundError as e:
-            if _code(e) == "ContainerNotFound":
-                raise self._error(e, f"downloading {key!r}") from None
-            self._seen.pop(name, None)
-            raise NotFound(key) from None
         except AzureError as e:
-            raise self._error(e, f"downloading {key!r}") from None
+            raise self._download_failed(e, key, name) from None
         props = downloader.properties
         if props.size is not None and props.size != len(data):
-            raise TransientStoreError(redact(f"{self._where()}: downloading {key!r} failed: the answer was cut "
-                                             "short; will retry", self._secrets))
+            raise self._cut_short(key)
         info = self._info(key, len(data), props.metadata, props.etag, props.last_modified)
         self._seen[name] = info
         return data, info
 
     async def get_stream(self, key: str) -> tuple[ObjectInfo, AsyncIterator[bytes]]:
-        name = self._name(key)
-        try:
-            downloader = await self._container_client().download_blob(name, max_concurrency=1)
-        except ResourceNotFoundError as e:
-            if _code(e) == "ContainerNotFound":
-                raise self._error(e, f"downloading {key!r}") from None
-            self._seen.pop(name, None)
-            raise NotFound(key) from None
-        except AzureError as e:
-            raise self._error(e, f"downloading {key!r}") from None
+        name, downloader = await self._download(key)
         props = downloader.properties
         info = self._info(key, props.size, props.metadata, props.etag, props.last_modified)
         self._seen[name] = info
@@ -1108,12 +1092,31 @@ class AzureBlobStore:
                     got += len(chunk)
                     yield chunk
             except AzureError as e:
-                raise self._error(e, f"downloading {key!r}") from None
+                raise self._download_failed(e, key, name) from None
             if got != props.size:
-                raise TransientStoreError(redact(f"{self._where()}: downloading {key!r} failed: the answer was "
-                                                 "cut short; will retry", self._secrets))
+                raise self._cut_short(key)
 
         return info, chunks()
+
+    async def _download(self, key: str):
+        """Start downloading ``key``: (blob name, the SDK's downloader, holding the properties)."""
+        name = self._name(key)
+        try:
+            return name, await self._container_client().download_blob(name, max_concurrency=1)
+        except AzureError as e:
+            raise self._download_failed(e, key, name) from None
+
+    def _download_failed(self, e: AzureError, key: str, name: str) -> StoreError:
+        """A missing blob is NotFound (and forgotten); a missing container, or anything else, is
+        the store failing."""
+        if isinstance(e, ResourceNotFoundError) and _code(e) != "ContainerNotFound":
+            self._seen.pop(name, None)
+            return NotFound(key)
+        return self._error(e, f"downloading {key!r}")
+
+    def _cut_short(self, key: str) -> TransientStoreError:
+        return TransientStoreError(redact(f"{self._where()}: downloading {key!r} failed: the answer was cut "
+                                          "short; will retry", self._secrets))
 
     async def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:
         start = self._name_prefix + prefix

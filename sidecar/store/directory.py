@@ -361,41 +361,15 @@ class DirectoryStore:
         return ObjectInfo(key, st.st_size, None, st.st_mtime_ns, st.st_mode & 0o7777, str(st.st_mtime_ns), version)
 
     async def get(self, key: str) -> tuple[bytes, ObjectInfo]:
-        data_path, meta_path = self._paths(key)
-
         def read() -> tuple[bytes, ObjectInfo]:
-            self._clear_way(data_path, data=False)  # never read through a symlink either
-            try:
-                fd = _open_regular(data_path)
-            except (FileNotFoundError, NotADirectoryError):
-                raise NotFound(key) from None
-            except OSError as e:
-                if e.errno == errno.EINVAL:
-                    raise StoreError(f"directory store {self.top}: {key!r} is {e.strerror}") from None
-                raise
+            fd, info = self._open_object(key)
             with os.fdopen(fd, "rb") as f:
-                st = os.fstat(f.fileno())
-                data = f.read()
-            return data, self._info(key, data_path, meta_path, st)
+                return f.read(), info
 
         return await self._run(read)
 
     async def get_stream(self, key: str) -> tuple[ObjectInfo, AsyncIterator[bytes]]:
-        data_path, meta_path = self._paths(key)
-
-        def open_() -> tuple[int, ObjectInfo]:
-            self._clear_way(data_path, data=False)
-            try:
-                fd = _open_regular(data_path)
-            except (FileNotFoundError, NotADirectoryError):
-                raise NotFound(key) from None
-            except OSError as e:
-                if e.errno == errno.EINVAL:
-                    raise StoreError(f"directory store {self.top}: {key!r} is {e.strerror}") from None
-                raise
-            return fd, self._info(key, data_path, meta_path, os.fstat(fd))
-
-        fd, info = await self._run(open_)
+        fd, info = await self._run(self._open_object, key)
 
         async def chunks() -> AsyncIterator[bytes]:
             try:
@@ -405,6 +379,24 @@ class DirectoryStore:
                 os.close(fd)
 
         return info, chunks()
+
+    def _open_object(self, key: str) -> tuple[int, ObjectInfo]:
+        """An open descriptor of ``key``'s data file and its info (never through a symlink)."""
+        data_path, meta_path = self._paths(key)
+        self._clear_way(data_path, data=False)
+        try:
+            fd = _open_regular(data_path)
+        except (FileNotFoundError, NotADirectoryError):
+            raise NotFound(key) from None
+        except OSError as e:
+            if e.errno == errno.EINVAL:
+                raise StoreError(f"directory store {self.top}: {key!r} is {e.strerror}") from None
+            raise
+        try:
+            return fd, self._info(key, data_path, meta_path, os.fstat(fd))
+        except BaseException:
+            os.close(fd)
+            raise
 
     async def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:
         """Walked in a worker thread LIST_BATCH entries at a time, each batch yielded as it is read:
