@@ -41,4 +41,4 @@ def make_store(url: str, prefix: str = "", read_only: bool = False) -> Store:
         return DirectoryStore(directory_of(url), prefix, create=not read_only)
     from sidecar.store.azure import AzureBlobStore
 
-    return AzureBlobStore.from_url(url, prefix)
+    return AzureBlobStore.from_url(url, prefix, create=not read_only)

@@ -714,8 +714,10 @@ class AzureBlobStore:
         read_timeout: float = 60,
         request_hook: Callable[[str, str], None] | None = None,
         proxy_env: Mapping[str, str] | None = None,
+        create: bool = True,
     ) -> None:
         self.location = location
+        self.create = create
         self.container_name = location.container
         self.prefix = location.prefix
         self._creds = credentials
@@ -753,7 +755,8 @@ class AzureBlobStore:
         ``env`` (default ``os.environ``) supplies the credentials; ``options`` tune the client
         (``max_concurrency`` connections, ``retry_total``, ``retry_backoff``,
         ``connection_timeout``, ``read_timeout``, ``request_hook(method, path)`` called for every
-        request sent). The proxy, if any, comes from ``env`` too (:func:`proxy_for`).
+        request sent, ``create=False`` for a read-only use such as ``status``: a missing container
+        lists as empty and is not created). The proxy, if any, comes from ``env`` too (:func:`proxy_for`).
         Raises ValueError, without any secret in the message, for a bad URL, credential or proxy.
         """
         env = os.environ if env is None else env
@@ -979,13 +982,17 @@ class AzureBlobStore:
     async def open(self) -> None:
         """Check the credentials and the container with one list request, the first page of the
         listing a start-up makes next (kept for that :meth:`list`, so it costs no extra round
-        trip); create the container when missing."""
+        trip); create the container when missing (unless ``create`` is off: then it lists as empty)."""
         try:
             try:
                 self._first_page = await self._page(self._name_prefix, None, FIRST_PAGE_RESULTS)
             except ResourceNotFoundError as e:
                 if _code(e) != "ContainerNotFound":
                     raise
+                if not self.create:
+                    self._first_page = ([], None)
+                    self._opened = True
+                    return
                 try:
                     await self._container_client().create_container()
                     log.info("container_created", store=self.description)
@@ -1138,6 +1145,10 @@ class AzureBlobStore:
                 async for props in page:
                     if (info := self._listed(props, start, cut)) is not None:
                         yield info
+        except ResourceNotFoundError as e:
+            if self.create or _code(e) != "ContainerNotFound":
+                raise self._error(e, f"listing {prefix!r}") from None
+            return  # read-only: a container not made yet holds nothing
         except AzureError as e:
             raise self._error(e, f"listing {prefix!r}") from None
 
