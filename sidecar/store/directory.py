@@ -37,6 +37,7 @@ import os
 import secrets
 import shutil
 import stat
+import threading
 from itertools import islice
 from typing import AsyncIterator, Iterator
 
@@ -196,6 +197,7 @@ class DirectoryStore:
         self.description = f"file://{self.top}"
         self._limiter = anyio.CapacityLimiter(32)
         self._temps_cleaned = False
+        self._temps_lock = threading.Lock()  # a writer's first puts run at once: one cleans, all wait
 
     # -- helpers ---------------------------------------------------------------------------
     def _paths(self, key: str) -> tuple[str, str]:
@@ -295,7 +297,9 @@ class DirectoryStore:
 
         def write() -> ObjectInfo:
             if not self._temps_cleaned:
-                self._clean_temps()
+                with self._temps_lock:
+                    if not self._temps_cleaned:
+                        self._clean_temps()
             self._clear_way(data_path, data=True)
             self._clear_way(meta_path, data=False)
             # A stale upload never replaces a newer version (mtime_ns is the version stamp).

@@ -7,8 +7,12 @@ the delete is run from inside the put, at the step where the race bites.
 
 from __future__ import annotations
 
+import hashlib
+import threading
+
 import anyio
 import anyio.from_thread
+import anyio.to_thread
 import pytest
 
 import sidecar.store.directory as directory_mod
@@ -46,6 +50,58 @@ def test_a_replace_survives_a_neighbours_delete_pruning_the_record_directory(tmp
         data, info = await store.get("r/a.json")
         assert data == new and info.sha256 == ObjectMeta.of(new, 0, 0).sha256
         assert [i.key async for i in store.list("r/")] == ["r/a.json"]
+        await store.aclose()
+
+    anyio.run(main)
+
+
+class _Held:
+    """A streamed source that, once its temp file is open, waits for ``release`` before its bytes."""
+
+    def __init__(self, data: bytes, writing: threading.Event, release: threading.Event) -> None:
+        self.data, self.size, self.md5 = data, len(data), hashlib.md5(data).digest()
+        self.writing, self.release = writing, release
+
+    def iter_sync(self):
+        self.writing.set()
+        self.release.wait(10)
+        yield self.data
+
+    async def chunks(self):  # pragma: no cover - the directory store reads iter_sync
+        yield self.data
+
+
+def test_the_first_puts_crash_leftover_cleanup_spares_a_concurrent_puts_temp(tmp_path, monkeypatch):
+    """A writer's first puts run at once; the one removing a crashed writer's temp files must
+    not remove the temp file another of them is writing."""
+    top = tmp_path / "store"
+    top.mkdir()
+    (top / (directory_mod.TMP_PREFIX + "leftover")).write_bytes(b"crashed")
+    writing, release = threading.Event(), threading.Event()
+    real = DirectoryStore._clean_temps
+    calls = []
+
+    def clean_while_b_writes(self):
+        calls.append(1)
+        if len(calls) == 1:  # A's clean: let B get as far as writing its temp first
+            writing.wait(2)
+        real(self)
+        release.set()
+
+    monkeypatch.setattr(DirectoryStore, "_clean_temps", clean_while_b_writes)
+    b_data = b"b" * 100
+
+    async def main():
+        store = DirectoryStore(str(top))
+        await store.open()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(store.put, "r/a.json", b"a", ObjectMeta.of(b"a", STAMP, 0o600))
+            with anyio.fail_after(5):
+                while not calls:  # A is cleaning
+                    await anyio.sleep(0.001)
+            tg.start_soon(store.put, "r/b.json", _Held(b_data, writing, release), ObjectMeta.of(b_data, STAMP, 0o600))
+        assert (await store.get("r/b.json"))[0] == b_data
+        assert not list(top.glob(directory_mod.TMP_PREFIX + "*"))
         await store.aclose()
 
     anyio.run(main)

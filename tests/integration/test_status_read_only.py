@@ -5,8 +5,8 @@ from __future__ import annotations
 import anyio
 import pytest
 from azure.storage.blob.aio import BlobServiceClient
-
 from support import run_cli, sidecar_env
+
 from tests.faults.faultkit import new_target
 
 
