@@ -343,9 +343,10 @@ def bench_scaling(tmp: Path, sizes: list[int], writes: int) -> None:
             if i < 1000:
                 p.parent.mkdir(parents=True, exist_ok=True)
             p.write_bytes(b"{}")
-        # seed the store without fsync (setup only, not measured)
+        # seed the store without fsync (setup only, not measured); the drain must finish the seed,
+        # or the measured writes would queue behind what is left of it
         seed = ("import os, sys; os.fsync = lambda fd: None; from sidecar.cli import main; "
-                "sys.exit(main(['run', '--store', sys.argv[1], '--http-addr', '', '--', 'true']))")
+                "sys.exit(main(['run', '--store', sys.argv[1], '--http-addr', '', '--drain-timeout', '3600', '--', 'true']))")
         subprocess.run([SIDECAR_PY, "-c", seed, str(store)], cwd=work, env=plain_env(), check=True,
                        stderr=subprocess.DEVNULL)
         sc = SidecarProc(["sync", "--store", str(store), "--log-level", "debug"], work, plain_env())
