@@ -1,8 +1,9 @@
 """Command line: ``checkpoint-sidecar {restore,sync,run,status,probe}``.
 
-Each command reads one validated :class:`~sidecar.config.Settings` (environment + flags) and then
-reads top-down: open the store, restore, mirror, stop. Errors are one line on stderr and a
-non-zero exit code, never a traceback:
+Parses the flags, reads one validated :class:`~sidecar.config.Settings` (environment + flags) and
+hands it to the command: :mod:`sidecar.lifecycle` runs ``restore``, ``sync`` and ``run`` (what
+starts and ends them), :mod:`sidecar.status` and :mod:`sidecar.http` answer ``status`` and
+``probe``. Errors are one line on stderr and a non-zero exit code, never a traceback:
 
     0  success (status: in sync)        2  bad configuration or usage
     1  runtime failure (store, restore)   75  stopped with changes still pending (sync)
@@ -12,23 +13,17 @@ non-zero exit code, never a traceback:
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
-import signal
 import sys
 import textwrap
 from typing import Any, NoReturn
 
 import anyio
 
-from sidecar import __version__, log
-from sidecar.config import SETTING_NAMES, ConfigError, SettingDoc, Settings, load, setting_docs
-from sidecar.lifecycle import Shutdown, handle_signals
-from sidecar.paths import Root
-
-EXIT_OK, EXIT_FAIL, EXIT_CONFIG, EXIT_PENDING = 0, 1, 2, 75
-
+from sidecar import __version__, lifecycle, log
+from sidecar.config import SETTING_NAMES, ConfigError, SettingDoc, load, setting_docs
+from sidecar.errors import EXIT_CONFIG, StoreConfigError, fail, leaves
 
 #: The settings each command uses (its flags); the environment's SIDECAR_* variables are read
 #: whatever the command, so one environment serves every command of a deployment.
@@ -176,17 +171,6 @@ def build_parser() -> _Parser:
     return parser
 
 
-def _root_cause(e: BaseException) -> str:
-    while isinstance(e, BaseExceptionGroup) and e.exceptions:
-        e = e.exceptions[0]
-    return f"{type(e).__name__}: {e}" if not isinstance(e, BaseExceptionGroup) else str(e)
-
-
-def _fail(msg: str, code: int = EXIT_FAIL) -> int:
-    print(f"checkpoint-sidecar: error: {log.redact(msg)}", file=sys.stderr)
-    return code
-
-
 def _limit_malloc_arenas() -> None:
     """glibc gives every thread that allocates an arena of its own, and keeps freed memory in it;
     the store's worker threads would hold tens of MiB that way. Two arenas are plenty here."""
@@ -250,23 +234,25 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "run":
         cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
         if not cmd:
-            return _fail("run needs a command: checkpoint-sidecar run [options] -- CMD [ARGS...]", EXIT_CONFIG)
+            return fail("run needs a command: checkpoint-sidecar run [options] -- CMD [ARGS...]", EXIT_CONFIG)
     try:
         if args.command == "restore":
-            return _arun(_restore, settings, roots)
+            return _arun(lifecycle.restore, settings, roots)
         if args.command == "sync":
-            return _arun(_sync, settings, roots, Shutdown())
+            return _arun(lifecycle.sync, settings, roots)
         if args.command == "run":
-            return _arun(_run, settings, roots, cmd, Shutdown())
+            return _arun(lifecycle.run, settings, roots, cmd)
         if args.command == "status":
-            return _arun(_status, settings, roots, args.json)
+            from sidecar import status  # not on the start path of the other commands
+
+            return _arun(status.command, settings, roots, args.json)
         if args.command == "probe":
             from sidecar.http import probe
 
             return probe(settings, args.what, args.timeout)
     except KeyboardInterrupt:
         return 130
-    except _StoreConfigError as e:
+    except StoreConfigError as e:
         print(f"checkpoint-sidecar: config error: {log.redact(str(e))}", file=sys.stderr)
         return EXIT_CONFIG
     except Exception as e:  # a bug: one line for the operator, the traceback at debug level
@@ -275,171 +261,9 @@ def main(argv: list[str] | None = None) -> int:
 
         if settings.log_level == "debug":
             traceback.print_exc()
-        return _fail(f"unexpected {type(e).__name__}: {_root_cause(e)}")
-    return _fail(f"unknown command {args.command}", EXIT_CONFIG)
-
-
-# -- commands --------------------------------------------------------------------------------
-
-class _StoreConfigError(Exception):
-    """The store URL or its credentials cannot be used (found when the store is built)."""
-
-
-def _open(settings: Settings, read_only: bool = False):
-    from sidecar.store import make_store
-
-    try:
-        store = make_store(settings.store, settings.namespace.path, read_only=read_only)
-    except ValueError as e:
-        raise _StoreConfigError(str(e)) from None
-    return store
-
-
-async def _prepare(daemon, settings: Settings) -> int | None:
-    """Restore by the rule; an exit code when the command must stop, None to go on."""
-    from sidecar.fence import IdentityConflict
-    from sidecar.restorer import RestoreError
-    from sidecar.store.base import StoreError
-
-    try:
-        await daemon.prepare()
-    except IdentityConflict as e:
-        return _fail(f"refusing to start: {e}", EXIT_CONFIG)
-    except RestoreError as e:
-        return _fail(f"restore failed: {e}")
-    except StoreError as e:
-        if settings.restore_optional:
-            log.error("store_unreachable_starting_anyway", error=str(e))
-            return None
-        return _fail(f"cannot reach the store: {e} (refusing to start without the saved state; "
-                     "SIDECAR_RESTORE_OPTIONAL=true starts anyway)")
-    return None
-
-
-async def _restore(settings: Settings, roots: list[Root]) -> int:
-    from sidecar.daemon import Daemon
-
-    store = _open(settings)
-    try:
-        daemon = Daemon(settings, roots, store)
-        code = await _prepare(daemon, settings)  # reads only: the store is claimed by serve(), never here
-        if code is None:
-            await daemon.report_legacy_state()
-        return EXIT_OK if code is None else code
-    finally:
-        await store.aclose()
-
-
-async def _serve_http(tg, daemon, settings: Settings) -> int | None:
-    """Start the health/metrics listener; an exit code when it cannot listen."""
-    if settings.http_host_port() is None:
-        return None
-    from sidecar.http import HttpBindError, serve
-
-    try:
-        await tg.start(serve, settings, daemon)
-    except HttpBindError as e:
-        tg.cancel_scope.cancel()
-        return _fail(str(e))
-    return None
-
-
-async def _sync(settings: Settings, roots: list[Root], shutdown: Shutdown) -> int:
-    from sidecar.daemon import Daemon
-
-    store = _open(settings)
-    try:
-        daemon = Daemon(settings, roots, store)
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(handle_signals, shutdown, None)
-            if (code := await _serve_http(tg, daemon, settings)) is not None:
-                return code
-            with anyio.CancelScope() as prep_scope:  # a stop during the restore ends it: nothing to flush
-                tg.start_soon(_cancel_on, shutdown.requested, prep_scope)
-                code = await _prepare(daemon, settings)
-            if prep_scope.cancelled_caught:
-                tg.cancel_scope.cancel()
-                return EXIT_FAIL
-            if code is not None:
-                tg.cancel_scope.cancel()
-                return code
-            # Not cancelled by a stop: the first scan queues what the host wrote since the
-            # restore, and a stop that came meanwhile drains it below.
-            await tg.start(daemon.serve)
-            log.info("ready", roots=",".join(r.path for r in roots), store=store.description)
-            await shutdown.requested.wait()
-            with anyio.CancelScope(shield=True):
-                left = await daemon.drain(settings.drain_timeout, abandon=shutdown.forced)
-            tg.cancel_scope.cancel()
-        return EXIT_OK if left == 0 else EXIT_PENDING
-    finally:
-        with anyio.CancelScope(shield=True):
-            await store.aclose()
-
-
-async def _cancel_on(event: anyio.Event, scope: anyio.CancelScope) -> None:
-    await event.wait()
-    scope.cancel()
-
-
-async def _run(settings: Settings, roots: list[Root], cmd: list[str], shutdown: Shutdown) -> int:
-    from sidecar.daemon import Daemon
-    from sidecar.runner import Child, SpawnError
-
-    store = _open(settings)
-    child: Child | None = None
-    try:
-        daemon = Daemon(settings, roots, store)
-        async with anyio.create_task_group() as tg:
-            if (code := await _serve_http(tg, daemon, settings)) is not None:
-                return code
-            code = await _prepare(daemon, settings)
-            if code is not None:  # restore failed: the command never starts
-                tg.cancel_scope.cancel()
-                return code
-            # The child starts as soon as its state is in place; the watcher and the first
-            # reconcile come up beside it (that scan, made once the watch is in place, queues
-            # anything the child wrote in between), so they add nothing to its start-up time.
-            try:
-                child = await Child.spawn(cmd, grace=settings.child_stop_grace)
-            except SpawnError as e:
-                _fail(str(e))
-                tg.cancel_scope.cancel()
-                return e.exit_code
-            log.info("child_started", pid=child.pid, cmd=cmd[0])
-            tg.start_soon(handle_signals, shutdown, child.send)
-            await tg.start(daemon.serve)
-            rc = await child.wait()
-            log.info("child_exited", code=rc)
-            await child.end_group()  # before the drain: what its helpers write as they stop is mirrored
-            with anyio.CancelScope(shield=True):
-                await daemon.drain(settings.drain_timeout, abandon=shutdown.forced)
-            tg.cancel_scope.cancel()
-        return rc
-    finally:
-        with anyio.CancelScope(shield=True):
-            if child is not None and child.proc.returncode is None:
-                child.send(signal.SIGTERM)
-                with anyio.move_on_after(5):
-                    await child.wait()
-                child.send(signal.SIGKILL)
-            await store.aclose()
-
-
-async def _status(settings: Settings, roots: list[Root], as_json: bool) -> int:
-    from sidecar import status
-    from sidecar.store.base import StoreError
-
-    store = _open(settings, read_only=True)
-    try:
-        rep = await status.report(settings, roots, store)
-    except StoreError as e:
-        return _fail(f"cannot reach the store: {e}")
-    finally:
-        await store.aclose()
-    ns = settings.namespace
-    print(json.dumps(rep, indent=2) if as_json else status.render(rep, ns.describe() if ns.path or ns.identity else ""))
-    return EXIT_OK if rep["in_sync"] else 1
+        cause = next(leaves(e))  # the first exception inside any (nested) exception group
+        return fail(f"unexpected {type(e).__name__}: {type(cause).__name__}: {cause}")
+    return fail(f"unknown command {args.command}", EXIT_CONFIG)
 
 
 if __name__ == "__main__":  # pragma: no cover

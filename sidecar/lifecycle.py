@@ -1,28 +1,74 @@
-"""Shutdown: an injectable trigger (tests set it directly), fed by signals in production.
+"""The life of a command, start to stop: what starts it, what ends it, and its exit code.
+
+``sync`` and ``run -- CMD`` are one :class:`Lifecycle`; its steps, in the order they run::
+
+    open_store    the store client (a store URL or credentials it cannot use: StoreConfigError, exit 2)
+    serve_http    /livez /readyz /metrics when SIDECAR_HTTP_ADDR is set (cannot listen: exit 1)
+    restore       Daemon.prepare by the restore rule (refused: exit 2; failed: exit 1)
+    spawn_child   run only: CMD, as soon as its state is in place (cannot start: 127 or 126)
+    mirror        Daemon.serve: fence, upload workers, watcher, first reconcile (sync logs ready)
+    wait_for_end  sync: a shutdown request; run: the child's exit, then its leftover helpers'
+    drain         Daemon.drain: shielded, bounded by SIDECAR_DRAIN_TIMEOUT, abandoned by a second signal
+    close         a child still running is stopped (SIGTERM, 5 s, SIGKILL); the store is closed
+
+A step that returns an exit code ends the command there (its one-line error already written),
+and only ``close`` runs after it. What ends a command that got through its start:
+
+* ``sync`` ends when :class:`Shutdown` is triggered: by SIGTERM or SIGINT, handled from the
+  start, or directly (tests inject their own). Exit 0 when the drain flushed everything, 75 when
+  changes were left pending. A stop during the restore cancels it: exit 1, nothing to flush.
+* ``run`` ends when its child exits, and exits with the child's code whatever the drain leaves.
+  Signals are handled only once the child exists: each is forwarded to it (SIGHUP too), and its
+  exit is what ends the wrapper. Before that they keep Python's default action (SIGTERM ends the
+  wrapper at once; SIGINT is a KeyboardInterrupt, exit 130). A failed restore means the child never
+  starts; once it has started, its helpers left running are ended before the drain.
 
 The first SIGTERM/SIGINT asks for a graceful stop (drain, bounded by ``drain_timeout``); a second
-one forces it (abandon the flush wait), as uvicorn and hypercorn do. In ``run`` mode every signal
-is forwarded to the child too, SIGHUP included; the child's exit is what ends the wrapper.
+one forces it (the flush wait is abandoned), as uvicorn and hypercorn do.
+
+The one-shot ``restore`` (:func:`restore`) shares ``open_store`` and the restore step.
+Everything beyond anyio and the logger is imported where it is first needed: ``run`` starts its
+child before anything only mirroring needs is loaded.
 """
 
 from __future__ import annotations
 
 import signal
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import anyio
+from anyio.abc import TaskGroup
 
 from sidecar import log
+from sidecar.errors import EXIT_CONFIG, EXIT_FAIL, EXIT_OK, EXIT_PENDING, StoreConfigError, fail
+
+if TYPE_CHECKING:
+    from sidecar.config import Settings
+    from sidecar.daemon import Daemon
+    from sidecar.paths import Root
+    from sidecar.runner import Child
+    from sidecar.store.base import Store
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
+#: Seconds ``close`` gives a child still running after SIGTERM before it sends SIGKILL.
+CHILD_CLOSE_GRACE = 5
+
 
 class Shutdown:
+    """The shutdown trigger: signals pull it in production, tests call :meth:`trigger` directly.
+
+    ``requested`` is set by the first trigger (stop gracefully: drain), ``forced`` by the second
+    (stop now: abandon the drain's wait).
+    """
+
     def __init__(self) -> None:
         self.requested = anyio.Event()
         self.forced = anyio.Event()
 
     def trigger(self, reason: str = "requested") -> None:
+        """Request a shutdown (logged as ``shutdown_requested``); once requested, force it
+        (``shutdown_forced``, logged once)."""
         if self.requested.is_set():
             if not self.forced.is_set():
                 log.warning("shutdown_forced", reason=reason)
@@ -33,7 +79,8 @@ class Shutdown:
 
 
 async def handle_signals(shutdown: Shutdown, forward: Callable[[int], None] | None) -> None:
-    """Turn signals into shutdown requests, forwarding them to a child first when there is one."""
+    """Turn SIGTERM/SIGINT into shutdown triggers until cancelled. With ``forward`` (a child's
+    ``send``), every signal, SIGHUP included, is passed to it first."""
     sigs = STOP_SIGNALS + ((signal.SIGHUP,) if forward is not None else ())
     with anyio.open_signal_receiver(*sigs) as received:
         async for sig in received:
@@ -41,3 +88,218 @@ async def handle_signals(shutdown: Shutdown, forward: Callable[[int], None] | No
                 forward(sig)
             if sig in STOP_SIGNALS:
                 shutdown.trigger(signal.Signals(sig).name)
+
+
+def open_store(settings: Settings, read_only: bool = False) -> Store:
+    """The store client for ``settings``; raises :class:`~sidecar.errors.StoreConfigError` when
+    its URL or credentials cannot be used. Nothing is sent to the store yet."""
+    from sidecar.store import make_store
+
+    try:
+        return make_store(settings.store, settings.namespace.path, read_only=read_only)
+    except ValueError as e:
+        raise StoreConfigError(str(e)) from None
+
+
+async def prepare(daemon: Daemon, settings: Settings) -> int | None:
+    """Restore by the rule (:meth:`~sidecar.daemon.Daemon.prepare`, which only reads the store).
+    Returns an exit code, its error line written, when the command must stop; None to go on,
+    which includes an unreachable store with ``SIDECAR_RESTORE_OPTIONAL``."""
+    from sidecar.fence import IdentityConflict
+    from sidecar.restorer import RestoreError
+    from sidecar.store.base import StoreError
+
+    try:
+        await daemon.prepare()
+    except IdentityConflict as e:
+        return fail(f"refusing to start: {e}", EXIT_CONFIG)
+    except RestoreError as e:
+        return fail(f"restore failed: {e}")
+    except StoreError as e:
+        if settings.restore_optional:
+            log.error("store_unreachable_starting_anyway", error=str(e))
+            return None
+        return fail(f"cannot reach the store: {e} (refusing to start without the saved state; "
+                    "SIDECAR_RESTORE_OPTIONAL=true starts anyway)")
+    return None
+
+
+class Lifecycle:
+    """One ``sync`` (``cmd`` None) or one ``run -- CMD`` (``cmd`` the command), start to stop.
+
+    :meth:`main` runs the steps of the module's docstring in order and returns the exit code.
+    ``shutdown`` is the trigger that stops it (a new one when None); the steps are methods so
+    that each can be read, and replaced in a test, on its own. Not reusable: one instance, one run.
+    """
+
+    store: Store
+    daemon: Daemon
+
+    def __init__(self, settings: Settings, roots: list[Root], cmd: list[str] | None = None,
+                 shutdown: Shutdown | None = None) -> None:
+        self.settings = settings
+        self.roots = roots
+        self.cmd = cmd
+        self.shutdown = shutdown if shutdown is not None else Shutdown()
+        self.child: Child | None = None
+
+    @property
+    def wraps_child(self) -> bool:
+        """Whether this is ``run`` (a child to start and wait for) rather than ``sync``."""
+        return self.cmd is not None
+
+    async def main(self) -> int:
+        """Run the whole lifecycle; the exit code."""
+        from sidecar.daemon import Daemon
+
+        self.store = self.open_store()
+        try:
+            self.daemon = Daemon(self.settings, self.roots, self.store)
+            async with anyio.create_task_group() as tg:
+                code = await self._steps(tg)
+                tg.cancel_scope.cancel()  # the listener, the mirror and the signal handler
+            return code
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.close()
+
+    async def _steps(self, tg: TaskGroup) -> int:
+        """Steps 2 to 7, the long-lived ones in ``tg``; the exit code."""
+        if (code := await self.start(tg)) is not None:
+            return code
+        child_code = await self.wait_for_end()
+        left = await self.drain()
+        if child_code is not None:  # run: the child's own code, whatever the drain left
+            return child_code
+        return EXIT_OK if left == 0 else EXIT_PENDING  # sync: whether everything was flushed
+
+    def open_store(self) -> Store:
+        """Step 1: the store client (:func:`open_store`)."""
+        return open_store(self.settings)
+
+    async def start(self, tg: TaskGroup) -> int | None:
+        """Steps 2 to 5, each in ``tg``: None once mirroring, or the exit code to stop with."""
+        if not self.wraps_child:
+            # sync: signals are stop requests from the start (run: from its child's start)
+            tg.start_soon(handle_signals, self.shutdown, None)
+        if (code := await self.serve_http(tg)) is not None:
+            return code
+        if (code := await self.restore(tg)) is not None:
+            return code
+        if self.wraps_child and (code := await self.spawn_child(tg)) is not None:
+            return code
+        await self.mirror(tg)
+        return None
+
+    async def serve_http(self, tg: TaskGroup) -> int | None:
+        """Step 2: start the health/metrics listener when an address is set; an exit code when it
+        cannot listen."""
+        if self.settings.http_host_port() is None:
+            return None
+        from sidecar.http import HttpBindError, serve
+
+        try:
+            await tg.start(serve, self.settings, self.daemon)
+        except HttpBindError as e:
+            return fail(str(e))
+        return None
+
+    async def restore(self, tg: TaskGroup) -> int | None:
+        """Step 3: restore by the rule (:func:`prepare`); an exit code when the command must stop."""
+        if self.wraps_child:
+            # run: nothing stops the restore (its signals are not handled before the child starts)
+            return await prepare(self.daemon, self.settings)
+        # sync: a stop during the restore ends it at once, exit 1: nothing has been mirrored yet
+        with anyio.CancelScope() as scope:
+            tg.start_soon(_cancel_on, self.shutdown.requested, scope)
+            code = await prepare(self.daemon, self.settings)
+        return EXIT_FAIL if scope.cancelled_caught else code
+
+    async def spawn_child(self, tg: TaskGroup) -> int | None:
+        """Step 4 (run): start the command as soon as its state is in place, before the mirror
+        (the first reconcile, made once the watch is in place, queues anything the child wrote
+        in between, so mirroring adds nothing to its start-up time). From then on every signal
+        goes to the child. An exit code (127, 126) when it cannot start."""
+        from sidecar.runner import Child, SpawnError
+
+        assert self.cmd is not None
+        try:
+            self.child = await Child.spawn(self.cmd, grace=self.settings.child_stop_grace)
+        except SpawnError as e:
+            return fail(str(e), e.exit_code)
+        log.info("child_started", pid=self.child.pid, cmd=self.cmd[0])
+        tg.start_soon(handle_signals, self.shutdown, self.child.send)
+        return None
+
+    async def mirror(self, tg: TaskGroup) -> None:
+        """Step 5: start mirroring (:meth:`~sidecar.daemon.Daemon.serve`); returns once the watch
+        is in place and the first reconcile is planned. A stop requested meanwhile still drains
+        what that reconcile queued (what the host wrote since the restore)."""
+        await tg.start(self.daemon.serve)
+        if not self.wraps_child:  # the ``ready`` event is sync's; run's start is ``child_started``
+            log.info("ready", roots=",".join(r.path for r in self.roots), store=self.store.description)
+
+    async def wait_for_end(self) -> int | None:
+        """Step 6: wait for what ends the command. sync: a shutdown request (None). run: the
+        child's exit (its code), then the end of the helpers it left in its process group, so
+        that what they write as they stop is drained too."""
+        if self.child is None:
+            await self.shutdown.requested.wait()
+            return None
+        rc = await self.child.wait()
+        log.info("child_exited", code=rc)
+        await self.child.end_group()
+        return rc
+
+    async def drain(self) -> int:
+        """Step 7: flush what is pending, shielded from cancellation, bounded by
+        ``drain_timeout`` and abandoned by a forced shutdown; how many paths were left."""
+        with anyio.CancelScope(shield=True):
+            left = await self.daemon.drain(self.settings.drain_timeout, abandon=self.shutdown.forced)
+        return left
+
+    async def close(self) -> None:
+        """Step 8, whatever ended the command: stop a child still running (SIGTERM, then SIGKILL
+        after :data:`CHILD_CLOSE_GRACE` seconds), close the store."""
+        child = self.child
+        if child is not None and child.proc.returncode is None:
+            child.send(signal.SIGTERM)
+            with anyio.move_on_after(CHILD_CLOSE_GRACE):
+                await child.wait()
+            child.send(signal.SIGKILL)
+        await self.store.aclose()
+
+
+async def _cancel_on(event: anyio.Event, scope: anyio.CancelScope) -> None:
+    await event.wait()
+    scope.cancel()
+
+
+async def sync(settings: Settings, roots: list[Root], shutdown: Shutdown | None = None) -> int:
+    """``checkpoint-sidecar sync``: restore, mirror until shut down, drain. Exit 0, 75 when changes
+    were left pending, 1 or 2 when it cannot start (see :class:`Lifecycle`)."""
+    return await Lifecycle(settings, roots, shutdown=shutdown).main()
+
+
+async def run(settings: Settings, roots: list[Root], cmd: list[str], shutdown: Shutdown | None = None) -> int:
+    """``checkpoint-sidecar run -- CMD``: restore, start ``cmd``, mirror until it exits, drain.
+    The child's exit code; 1 or 2 when the restore fails (``cmd`` never starts), 127 or 126 when
+    ``cmd`` cannot start (see :class:`Lifecycle`)."""
+    return await Lifecycle(settings, roots, cmd=cmd, shutdown=shutdown).main()
+
+
+async def restore(settings: Settings, roots: list[Root]) -> int:
+    """``checkpoint-sidecar restore``: the restore step alone, then a hint when the state is where
+    a release without namespaces kept it. Reads only: the store is claimed by a mirror, never here.
+    Exit 0 once the state is on disk (or nothing was stored), 1 or 2 as :func:`prepare` says."""
+    from sidecar.daemon import Daemon
+
+    store = open_store(settings)
+    try:
+        daemon = Daemon(settings, roots, store)
+        code = await prepare(daemon, settings)
+        if code is None:
+            await daemon.report_legacy_state()
+        return EXIT_OK if code is None else code
+    finally:
+        await store.aclose()

@@ -25,6 +25,7 @@ import anyio
 import anyio.to_thread
 
 from sidecar import log, metrics
+from sidecar.errors import leaves
 from sidecar.localfs import (
     STREAM_MIN,
     ChecksumMismatch,
@@ -495,12 +496,3 @@ async def _write_streamed(root: Root, parts: list[str], chunks, got: ObjectInfo,
             await anyio.to_thread.run_sync(temp.abort)
         raise
     await anyio.to_thread.run_sync(temp.finish, got.mtime_ns, got.mode, expected)
-
-
-def leaves(eg: BaseException):
-    """The exceptions inside a (nested) exception group, in order; a plain exception is its own leaf."""
-    if isinstance(eg, BaseExceptionGroup):
-        for e in eg.exceptions:
-            yield from leaves(e)
-    else:
-        yield eg

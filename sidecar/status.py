@@ -14,13 +14,30 @@ import anyio
 import anyio.to_thread
 
 from sidecar.config import Settings
+from sidecar.errors import EXIT_FAIL, EXIT_OK, fail
+from sidecar.lifecycle import open_store
 from sidecar.localfs import Gaps, scan_root
 from sidecar.paths import IgnoreRules, Root
 from sidecar.plan import plan_status
 from sidecar.restorer import list_store
-from sidecar.store.base import Store
+from sidecar.store.base import Store, StoreError
 
 SHOWN = 10  # names listed per kind in the text report
+
+
+async def command(settings: Settings, roots: list[Root], as_json: bool) -> int:
+    """``checkpoint-sidecar status [--json]``: print the report (:func:`report`, :func:`render`).
+    Exit 0 in sync; 1 when not, or when the store cannot be read (one error line then)."""
+    store = open_store(settings, read_only=True)
+    try:
+        rep = await report(settings, roots, store)
+    except StoreError as e:
+        return fail(f"cannot reach the store: {e}")
+    finally:
+        await store.aclose()
+    ns = settings.namespace
+    print(json.dumps(rep, indent=2) if as_json else render(rep, ns.describe() if ns.path or ns.identity else ""))
+    return EXIT_OK if rep["in_sync"] else EXIT_FAIL
 
 
 async def report(settings: Settings, roots: list[Root], store: Store) -> dict[str, Any]:

@@ -4,11 +4,12 @@ would pull it) and the directory store."""
 from __future__ import annotations
 
 import anyio
-
 from support import store_tree, write_atomic
-from sidecar import cli
+
+from sidecar import lifecycle
 from sidecar.config import load
 from sidecar.daemon import Daemon
+from sidecar.errors import EXIT_FAIL, EXIT_OK
 from sidecar.lifecycle import Shutdown
 
 
@@ -28,7 +29,7 @@ def test_a_stop_while_mirroring_starts_still_drains_what_the_first_scan_queued(t
         return await real_reconcile(self, **kw)
 
     monkeypatch.setattr(Daemon, "reconcile", reconcile)
-    assert anyio.run(cli._sync, settings, roots, shutdown) == cli.EXIT_OK
+    assert anyio.run(lifecycle.sync, settings, roots, shutdown) == EXIT_OK
     assert store_tree(tmp_path / "store") == {"ctx/a.json": b"written while the sidecar started"}
 
 
@@ -41,12 +42,12 @@ def test_a_stop_during_the_restore_ends_it_without_serving(tmp_path, monkeypatch
     shutdown = Shutdown()
     served = []
 
-    async def prepare(daemon, settings):
+    async def prepare(daemon):
         shutdown.trigger("SIGTERM")
         await anyio.sleep_forever()
 
-    monkeypatch.setattr(cli, "_prepare", prepare)
+    monkeypatch.setattr(Daemon, "prepare", prepare)
     monkeypatch.setattr(Daemon, "serve", lambda *a, **k: served.append(1))
-    assert anyio.run(cli._sync, settings, roots, shutdown) == cli.EXIT_FAIL
+    assert anyio.run(lifecycle.sync, settings, roots, shutdown) == EXIT_FAIL
     assert served == []
     assert store_tree(tmp_path / "store") == {}
