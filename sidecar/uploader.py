@@ -22,6 +22,7 @@ from anyio.abc import TaskStatus
 
 from sidecar import log, metrics
 from sidecar.fence import Fence, Fenced
+from sidecar.known import StoreState
 from sidecar.localfs import (
     TooLarge,
     Unstable,
@@ -37,7 +38,7 @@ from sidecar.paths import IgnoreRules, Root, UnsafeKey, locate, make_key, split_
 from sidecar.queue import DELETE, UPLOAD, Op, PendingSet
 from sidecar.retry import backoff
 from sidecar.snapshot import BUNDLE_DIR, Change, bundle_key, encode_bundle
-from sidecar.store.base import ObjectInfo, ObjectMeta, Store, StoreError, StoreFull, TransientStoreError
+from sidecar.store.base import ObjectMeta, Store, StoreError, StoreFull, TransientStoreError
 
 #: Store operations after which going idle also hands freed heap memory back to the system.
 TRIM_AFTER_OPS = 256
@@ -51,7 +52,9 @@ class Uploader:
         store: Store,
         roots: list[Root],
         ignore: IgnoreRules,
+        known: StoreState | None = None,
         *,
+        fence: Fence | None = None,
         concurrency: int = 16,
         max_file_size: int = 256 * 1024 * 1024,
         snapshot_roots: set[str] = frozenset(),  # type: ignore[assignment]
@@ -68,27 +71,21 @@ class Uploader:
         self.pending = PendingSet()
         #: roots committed as crash-consistent snapshots (see sidecar.snapshot), one set each
         self.snapshots: dict[str, PendingSet] = {name: PendingSet() for name in snapshot_roots}
-        #: snapshot roots whose bundle may still be in the store (the next commit replaces it)
-        self.bundle_outstanding: set[str] = set()
         #: per root: a commit's bundle put..delete and the start-up cleanup's delete never interleave
         self._bundle_locks: dict[str, anyio.Lock] = {}
-        #: set by the daemon for sync/run: proves ownership of the store prefix before writes
-        self.fence: Fence | None = None
+        #: proves ownership of the store prefix before writes (sync/run; None: no claim)
+        self.fence = fence
         self.fenced = anyio.Event()
-        #: What the store is known to hold (from the last listing and our own writes).
-        self.remote: dict[str, ObjectInfo] = {}
+        #: what the store is known to hold: its objects, their directories, the skipped files and
+        #: the outstanding bundles (shared with the daemon's reconcile)
+        self.known = StoreState() if known is None else known
         self._dirty_since: dict[str, float] = {}
-        #: every directory that held a known key (never pruned: a stale entry costs one scan)
-        self.known_dirs: set[str] = set()
         #: for the shutdown summary line
         self.totals = {"uploaded": 0, "bytes": 0, "deleted": 0}
         self._wake = anyio.Event()
         self._idle = anyio.Event()
         self._idle.set()
         self._warned: set[tuple[str, str]] = set()
-        #: files not mirrored (too large, unreadable) by key, with (size, mtime_ns, ctime_ns) as
-        #: they were then: reconciles leave them alone until they change
-        self.skipped: dict[str, tuple[int, int, int]] = {}
         self._ops_since_trim = 0
         self.failing_since: float | None = None
 
@@ -109,8 +106,8 @@ class Uploader:
     def mark(self, key: str, kind: str) -> None:
         if kind == UPLOAD:
             self._dirty_since.setdefault(key, time.monotonic())
-            if key.rpartition("/")[0] not in self.known_dirs:
-                self.note_dirs((key,))
+            if not self.known.has_dir(key.rpartition("/")[0]):
+                self.known.note_dirs((key,))
         self._set_for(key).mark(key, kind)  # type: ignore[arg-type]
 
     def mark_keys(self, upload: list[str] = (), delete: list[str] = ()) -> None:  # type: ignore[assignment]
@@ -180,21 +177,12 @@ class Uploader:
     def _is_pending(self, key: str) -> bool:
         return any(key in ps.pending or key in ps.inflight for ps in self._sets())
 
-    def note_dirs(self, keys) -> None:
-        """Remember the directories of ``keys`` (so a vanished directory is recognised cheaply)."""
-        dirs = self.known_dirs
-        for key in keys:
-            d = key.rpartition("/")[0]
-            while d and d not in dirs:
-                dirs.add(d)
-                d = d.rpartition("/")[0]
-
     def _mark_gone(self, key: str) -> None:
-        if key in self.remote or self._is_pending(key):
+        if key in self.known or self._is_pending(key):
             self.mark(key, DELETE)
-        elif key in self.known_dirs:  # a directory deleted or moved away: everything below it
+        elif self.known.has_dir(key):  # a directory deleted or moved away: everything below it
             prefix = key + "/"
-            for k in [k for k in self.remote if k.startswith(prefix)] + [
+            for k in self.known.keys_below(prefix) + [
                 k for k in self.pending_keys() if k.startswith(prefix)
             ]:
                 self.mark(k, DELETE)
@@ -206,17 +194,11 @@ class Uploader:
             sig: tuple[int, int, int] | None = (st.st_size, st.st_mtime_ns, st.st_ctime_ns)
         except OSError:
             sig = None
-        if sig is not None and self.skipped.get(key) == sig:
+        if sig is not None and not self.known.skip(key, sig):
             return  # the same file as last time: counted and logged already
-        if sig is not None:
-            self.skipped[key] = sig
         metrics.SKIPPED.labels(reason).inc()
         event = {"too_large": "file_too_large", "store_newer": "file_older_than_stored"}.get(reason, "file_unreadable")
         self._warn_once(event, f"{key} ({detail})")
-
-    def still_skipped(self, key: str, st) -> bool:
-        """True when ``key`` was skipped and its file has not changed since (``st``: a LocalStat)."""
-        return self.skipped.get(key) == (st.size, st.mtime_ns, st.ctime_ns)
 
     def _warn_once(self, event: str, what: str) -> None:
         if (event, what) not in self._warned:
@@ -293,18 +275,18 @@ class Uploader:
                 async for info in self.store.list(BUNDLE_DIR + "/"):
                     name = info.key[len(BUNDLE_DIR) + 1 :]
                     if name in self.snapshots:
-                        self.bundle_outstanding.add(name)
+                        self.known.add_bundle(name)
             except StoreError as e:
                 log.warning("bundle_cleanup_failed", root="-", error=str(e))
-        for name in sorted(self.bundle_outstanding - keep):
+        for name in sorted(self.known.bundles() - keep):
             async with self._bundle_lock(name):
                 # decided under the lock: a commit of this root may have replaced the bundle, or
                 # have changes to commit, since the loop began
-                if name not in self.bundle_outstanding or any(k.split("/", 1)[0] == name for k in self.pending_keys()):
+                if not self.known.has_bundle(name) or any(k.split("/", 1)[0] == name for k in self.pending_keys()):
                     continue
                 try:
                     await self.store.delete(bundle_key(name))
-                    self.bundle_outstanding.discard(name)
+                    self.known.discard_bundle(name)
                 except StoreError as e:
                     log.warning("bundle_cleanup_failed", root=name, error=str(e))
 
@@ -341,7 +323,7 @@ class Uploader:
                     await self._upload(op, started)
                 else:
                     await self.store.delete(op.key)
-                    self.remote.pop(op.key, None)
+                    self.known.deleted(op.key)
                     self._count_delete()
                     log.debug("deleted", path=op.key)
                 self.pending.done(op)
@@ -459,7 +441,7 @@ class Uploader:
                     except (Vanished, Unstable):
                         return None
                     changes.append(Change(key, data, meta))
-                elif key in self.remote and absent(root, key.split("/", 1)[1]):
+                elif key in self.known and absent(root, key.split("/", 1)[1]):
                     changes.append(Change(key, None, None))  # gone for sure: not merely unreadable
             after, _ = scan_root(root, self.ignore)
             return changes if after == before else None
@@ -468,7 +450,7 @@ class Uploader:
         if changes is None:
             return False
         changes = [c for c in changes if c.data is None or not (
-            self.remote.get(c.key) and self.remote[c.key].same_as(c.written))]
+            (info := self.known.get(c.key)) is not None and info.same_as(c.written))]
         async with self._bundle_lock(root.name):
             await self._apply_changes(root, changes)
         log.debug("snapshot_committed", root=root.name, changes=len(changes))
@@ -477,25 +459,25 @@ class Uploader:
     async def _apply_changes(self, root: Root, changes: list[Change]) -> None:
         # Every write proves ownership (free within the fence's window): a large commit can outlast
         # one proof, and a newer owner's objects must never see our writes after it.
-        if len(changes) > 1 or (changes and root.name in self.bundle_outstanding):
+        if len(changes) > 1 or (changes and self.known.has_bundle(root.name)):
             blob = encode_bundle(root.name, changes)
             await self._guard()
             await self.store.put(bundle_key(root.name), blob,
                                  ObjectMeta.of(blob, time.time_ns(), 0o600, version=self._version()))
-            self.bundle_outstanding.add(root.name)
+            self.known.add_bundle(root.name)
         for c in changes:  # the bundle makes the batch atomic; order within it does not matter
             await self._guard()
             if c.data is None:
                 await self.store.delete(c.key)
-                self.remote.pop(c.key, None)
+                self.known.deleted(c.key)
                 self._count_delete()
             else:
-                self.remote[c.key] = await self.store.put(c.key, c.data, replace(c.written, version=self._version()))
+                self.known.stored(c.key, await self.store.put(c.key, c.data, replace(c.written, version=self._version())))
                 self._count_upload(len(c.data))
-        if root.name in self.bundle_outstanding:
+        if self.known.has_bundle(root.name):
             await self._guard()
             await self.store.delete(bundle_key(root.name))
-            self.bundle_outstanding.discard(root.name)
+            self.known.discard_bundle(root.name)
 
     async def _upload(self, op: Op, started: float | None) -> None:
         root, parts = split_key(op.key, self.roots_by_name)
@@ -503,7 +485,7 @@ class Uploader:
             data, meta = await anyio.to_thread.run_sync(read_for_upload, root, parts, self.max_file_size)
         except Vanished:
             # gone since the hint: mirror the delete, behind the barrier like any other
-            if op.key in self.remote:
+            if op.key in self.known:
                 self.mark(op.key, DELETE)
             return
         except TooLarge as e:
@@ -512,8 +494,8 @@ class Uploader:
         except OSError as e:
             self._skip(op.key, root, parts, "unreadable", e.strerror or type(e).__name__)
             return
-        self.skipped.pop(op.key, None)
-        known = self.remote.get(op.key)
+        self.known.unskip(op.key)
+        known = self.known.get(op.key)
         if known is None or not known.same_as(meta):
             meta = replace(meta, version=self._version())
             try:
@@ -521,7 +503,7 @@ class Uploader:
             except (Unstable, Vanished):  # a streamed file changed while it was sent: nothing was stored
                 self.mark(op.key, UPLOAD)
                 return
-            self.remote[op.key] = info
+            self.known.stored(op.key, info)
             if info.version > meta.version:
                 # A newer owner of the namespace stored a later version (the fence stops this
                 # sidecar at its next proof): this older content is not stored. Never silently.

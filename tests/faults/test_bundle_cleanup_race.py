@@ -61,7 +61,7 @@ def test_the_stale_bundle_cleanup_never_leaves_a_commits_bundle_behind(tmp_path)
         await store.open()
         await store.put(bundle_key(name), stale, ObjectMeta.of(stale, 1, 0o600))
         uploader = Uploader(store, roots, IgnoreRules(), snapshot_roots={name})
-        uploader.bundle_outstanding.add(name)
+        uploader.known.add_bundle(name)
         write_atomic(state / "a.json", b"a")
         write_atomic(state / "b.json", b"b")
         committed = []
@@ -83,7 +83,7 @@ def test_the_stale_bundle_cleanup_never_leaves_a_commits_bundle_behind(tmp_path)
         assert committed == [True]
         with pytest.raises(NotFound):
             await store.get(bundle_key(name))
-        assert uploader.bundle_outstanding == set()
+        assert uploader.known.bundles() == set()
         assert (await store.get(f"{name}/a.json"))[0] == b"a"
 
     anyio.run(main)
@@ -102,7 +102,7 @@ def test_a_bundle_a_fenced_predecessor_left_after_our_listing_is_dropped(tmp_pat
         store = DirectoryStore(str(tmp_path / "store"))
         await store.open()
         uploader = Uploader(store, roots, IgnoreRules(), snapshot_roots={name})
-        assert uploader.bundle_outstanding == set()  # what our start-up listing found
+        assert uploader.known.bundles() == set()  # what our start-up listing found
         await store.put(bundle_key(name), left, ObjectMeta.of(left, 1, 0o600))  # then it landed
         await uploader.drop_stale_bundles(set())
         with pytest.raises(NotFound):

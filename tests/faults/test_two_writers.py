@@ -321,8 +321,7 @@ def test_a_snapshot_commit_stops_at_the_first_write_after_it_is_fenced(tmp_path)
         await store.open()
         fence = Fence(store, window=0.0, margin=0.0)  # every write needs a fresh proof
         await fence.claim()
-        uploader = Uploader(store, roots, IgnoreRules(), snapshot_roots={name})
-        uploader.fence = fence
+        uploader = Uploader(store, roots, IgnoreRules(), fence=fence, snapshot_roots={name})
         async with anyio.create_task_group() as tg:
             tg.start_soon(uploader._commit_snapshot, roots[0], keys)
             with anyio.fail_after(10):
