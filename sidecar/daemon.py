@@ -386,7 +386,7 @@ class Daemon:
                 await fence.release()
             except StoreError as e:
                 log.warning("fence_release_failed", error=str(e))
-        totals: dict[str, Any] = self.uploader.totals
+        totals: dict[str, Any] = self.uploader.totals.summary
         if left:
             log.error("shutdown_pending", pending=len(left), paths=",".join(left[:20]),
                       seconds=round(time.monotonic() - t0, 3), **totals)

@@ -57,7 +57,7 @@ class StoreState:
         self.note_dirs((key,))
 
     def deleted(self, key: str) -> None:
-        """``key`` is no longer in the store."""
+        """``key`` is not in the store (a delete of ours succeeded)."""
         self._objects.pop(key, None)
 
     def keys(self) -> set[str]:
@@ -105,7 +105,7 @@ class StoreState:
         return True
 
     def unskip(self, key: str) -> None:
-        """``key`` was read for upload: whatever was skipped of it is no longer the file."""
+        """``key`` was read for upload: the version skipped of it is not what is on disk."""
         self._skipped.pop(key, None)
 
     def still_skipped(self, key: str, st: LocalStat) -> bool:

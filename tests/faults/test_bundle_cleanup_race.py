@@ -67,7 +67,7 @@ def test_the_stale_bundle_cleanup_never_leaves_a_commits_bundle_behind(tmp_path)
         committed = []
 
         async def commit():
-            committed.append(await uploader._commit_snapshot(roots[0], [f"{name}/a.json", f"{name}/b.json"]))
+            committed.append(await uploader.committer.commit(roots[0], [f"{name}/a.json", f"{name}/b.json"]))
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(uploader.drop_stale_bundles, set())
@@ -76,7 +76,7 @@ def test_the_stale_bundle_cleanup_never_leaves_a_commits_bundle_behind(tmp_path)
             with anyio.fail_after(10):
                 while not store.release.is_set():
                     # a commit that waits for the cleanup to finish gets its answer now
-                    lock = getattr(uploader, "_bundle_locks", {}).get(name)
+                    lock = getattr(uploader.committer, "_locks", {}).get(name)
                     if lock is not None and lock.statistics().tasks_waiting:
                         store.release.set()
                     await anyio.sleep(0.001)
