@@ -22,6 +22,7 @@ from anyio.abc import TaskStatus
 from sidecar import log, metrics
 from sidecar.config import Settings
 from sidecar.fence import check_identity
+from sidecar.known import StoreState
 from sidecar.localfs import (
     Gaps,
     LocalStat,
@@ -34,8 +35,8 @@ from sidecar.localfs import (
     scan_root,
 )
 from sidecar.paths import IgnoreRules, Root
-from sidecar.plan import plan_reconcile
-from sidecar.restorer import Listing, RestoreResult, list_store, restore
+from sidecar.plan import plan_reconcile_queue
+from sidecar.restorer import RestoreResult, list_store, restore
 from sidecar.retry import reported_wait, retry_transient
 from sidecar.store.base import Store, StoreError
 
@@ -102,7 +103,9 @@ class Daemon:
         self.ignore = IgnoreRules(settings.ignore)
         self.health = Health(namespace=settings.namespace.describe() if settings.namespace.path
                              or settings.namespace.identity else "")
-        self.listing: Listing | None = None
+        #: what the store is known to hold: nothing until prepare() lists it (the restore may be
+        #: skipped, e.g. an unreachable store that is optional); the uploader is given this one
+        self.known = StoreState()
         #: roots that were empty at start and not restored: their stored copy must not be deleted
         self.protected: set[str] = set()
         #: stored keys never deleted: refused or quarantined by the restore (never placed on disk)
@@ -120,15 +123,24 @@ class Daemon:
         """Roots whose stored files are never deleted: empty and not restored, or cut short."""
         return self.protected | self.incomplete
 
+    @property
+    def snapshot_roots(self) -> set[str]:
+        """The roots committed as crash-consistent snapshots (see sidecar.snapshot)."""
+        return {r.name for r in self.roots} if self.settings.snapshot_commits() else set()
+
     @cached_property
     def uploader(self) -> Uploader:
         """Made (and imported) on first use, which is after the restore: ``run`` starts its
-        child without paying for what only mirroring needs."""
+        child without paying for what only mirroring needs. It claims the store with its fence
+        (see fence.py) before its first write."""
+        from sidecar.fence import Fence
         from sidecar.uploader import Uploader
 
         s = self.settings
-        return Uploader(self.store, self.roots, self.ignore, concurrency=s.concurrency, max_file_size=s.max_file_size,
-                        snapshot_roots={r.name for r in self.roots} if s.snapshot_commits() else set(),
+        fence = Fence(self.store, s.fence_window, s.fence_margin, identity=s.namespace.identity,
+                      namespace=s.namespace.path, on_wait=self.health.uploads_wait_until)
+        return Uploader(self.store, self.roots, self.ignore, self.known, fence=fence, concurrency=s.concurrency,
+                        max_file_size=s.max_file_size, snapshot_roots=self.snapshot_roots,
                         on_degraded=self.health.store_degraded)
 
     # -- phase 1: restore --------------------------------------------------------------------
@@ -147,12 +159,14 @@ class Daemon:
         # another session's namespace is never restored from (nor, later, claimed)
         await retry_transient(partial(check_identity, self.store, ns.identity, ns.path), "read the owner marker",
                               deadline)
-        self.listing, result = await restore(self.store, self.roots, mode=self.settings.restore,
-                                             concurrency=self.settings.concurrency, deadline=deadline,
-                                             on_corrupt=self.settings.restore_corrupt, max_file_size=self.settings.max_file_size)
+        listing, result = await restore(self.store, self.roots, mode=self.settings.restore,
+                                        concurrency=self.settings.concurrency, deadline=deadline,
+                                        on_corrupt=self.settings.restore_corrupt, max_file_size=self.settings.max_file_size)
+        self.namespace_empty = not listing.objects and not listing.bundles and not listing.unsafe
+        assert "uploader" not in vars(self), "the uploader is made after the restore, with its listing"
+        self.known = StoreState.from_listing(listing, self.snapshot_roots)  # the objects handed over, not copied
         self.health.restore = result
         await self._keep(set(result.refused) | set(result.quarantined))
-        self.namespace_empty = not self.listing.objects and not self.listing.bundles and not self.listing.unsafe
         return result
 
     async def _keep(self, refused: set[str]) -> None:
@@ -217,21 +231,10 @@ class Daemon:
     async def serve(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Watch and mirror until cancelled. ``started()`` once the watch is in place and the
         first reconcile is planned (readiness)."""
-        if self.listing is None:  # restore was skipped entirely (e.g. unreachable store, optional)
-            self.listing = Listing()
-        self.uploader.remote = self.listing.objects  # handed over, not copied
-        self.uploader.note_dirs(self.listing.objects)
-        self.uploader.bundle_outstanding |= self.listing.bundles & set(self.uploader.snapshots)
-        self.listing = None
         self.health.set("reconciling", "reconciling disk and store")
         from sidecar.watcher import watch  # imported here: ``run`` starts its child before this
 
         async with anyio.create_task_group() as tg:
-            from sidecar.fence import Fence  # claimed by the uploader before its first write
-
-            ns = self.settings.namespace
-            self.uploader.fence = Fence(self.store, self.settings.fence_window, self.settings.fence_margin,
-                                        identity=ns.identity, namespace=ns.path, on_wait=self.health.uploads_wait_until)
             await tg.start(self.uploader.run)
             self.health.workers_alive = True
             await tg.start(partial(watch, debounce_ms=self.settings.debounce_ms),
@@ -262,7 +265,7 @@ class Daemon:
         roots = only or self.roots
         # what the store was known to hold before the scan: a key stored while the scan runs may be
         # missing from it (its directory was passed already) and must not be deleted for that
-        known_before = set(self.uploader.remote) if remote is None else None
+        known_before = self.known.keys() if remote is None else None
         local: dict[str, LocalStat] = {}
         gaps = Gaps()
         for root in roots:
@@ -281,23 +284,22 @@ class Daemon:
                             detail="an earlier restore into this root was cut short and it was not restored again; "
                                    "its stored files are kept (never deleted) until a restore completes")
         names = {r.name for r in roots}
-        known = self.uploader.remote if remote is None else remote
-        known = {k: v for k, v in known.items() if k.split("/", 1)[0] in names}
+        if remote is None:
+            known = self.known.objects_in(names)
+        else:
+            known = {k: v for k, v in remote.items() if k.split("/", 1)[0] in names}
         busy = self.uploader.pending_keys()
         await self._forget_kept(set(local))
-        plan = plan_reconcile(local, known, self.kept_roots, self.kept_keys, gaps)
-        upload = [k for k in plan.upload if k not in busy and not self.uploader.still_skipped(k, local[k])]
-        delete = [k for k in plan.delete if k not in busy and (known_before is None or k in known_before)]
+        plan = plan_reconcile_queue(local, known, known_before=known_before, busy=busy,
+                                    still_skipped=self.known.still_skipped, protected_roots=self.kept_roots,
+                                    keep=self.kept_keys, gaps=gaps)
+        upload, delete = plan.upload, plan.delete
         if delete:
             # A file can be missing from the scan and yet be on disk now: unlinked and written again
             # while the walk passed its directory, its new version stored before the scan ended.
             delete = await anyio.to_thread.run_sync(_not_on_disk, delete, {r.name: r for r in roots}, self.ignore)
         if remote is not None:  # a fresh listing replaces what we believed
-            for k in list(self.uploader.remote):
-                if k.split("/", 1)[0] in names and k not in busy:
-                    self.uploader.remote.pop(k)
-            self.uploader.remote.update({k: v for k, v in known.items() if k not in busy})
-            self.uploader.note_dirs(known)
+            self.known.replace(names, known, busy)
         self.uploader.mark_keys(upload, delete)
         # files changed in the last moments may simply have events still on their way: queued, but
         # not counted as missed events (that metric is for alerting on real event loss)
@@ -384,7 +386,7 @@ class Daemon:
                 await fence.release()
             except StoreError as e:
                 log.warning("fence_release_failed", error=str(e))
-        totals: dict[str, Any] = self.uploader.totals
+        totals: dict[str, Any] = self.uploader.totals.summary
         if left:
             log.error("shutdown_pending", pending=len(left), paths=",".join(left[:20]),
                       seconds=round(time.monotonic() - t0, 3), **totals)

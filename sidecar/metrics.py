@@ -101,3 +101,21 @@ def restore_finished(seconds: float) -> None:
         __getattr__("RESTORE_SECONDS").set(seconds)
     else:
         _early["seconds"] = seconds
+
+
+class Totals:
+    """What this process stored and deleted: counted in the metrics, and summed for the shutdown
+    summary line (:attr:`summary`)."""
+
+    def __init__(self) -> None:
+        self.summary = {"uploaded": 0, "bytes": 0, "deleted": 0}
+
+    def uploaded(self, size: int) -> None:
+        self.summary["uploaded"] += 1
+        self.summary["bytes"] += size
+        __getattr__("UPLOADS").inc()
+        __getattr__("UPLOAD_BYTES").inc(size)
+
+    def deleted(self) -> None:
+        self.summary["deleted"] += 1
+        __getattr__("DELETES").inc()

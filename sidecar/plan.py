@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 from sidecar.localfs import Gaps, LocalStat
 from sidecar.store.base import ObjectInfo
@@ -13,9 +14,6 @@ class ReconcilePlan:
     upload: list[str] = field(default_factory=list)  # local files the store lacks or holds stale
     delete: list[str] = field(default_factory=list)  # stored objects whose file is gone locally
     in_sync: int = 0
-
-    def empty(self) -> bool:
-        return not self.upload and not self.delete
 
 
 def plan_reconcile(
@@ -44,6 +42,36 @@ def plan_reconcile(
                 and not (gaps is not None and gaps.covers(key))):
             plan.delete.append(key)
     return plan
+
+
+def plan_reconcile_queue(
+    local: dict[str, LocalStat],
+    known: dict[str, ObjectInfo],
+    *,
+    known_before: set[str] | None,
+    busy: set[str],
+    still_skipped: Callable[[str, LocalStat], bool] = lambda key, st: False,
+    protected_roots: set[str] = frozenset(),  # type: ignore[assignment]
+    keep: set[str] = frozenset(),  # type: ignore[assignment]
+    gaps: Gaps | None = None,
+) -> ReconcilePlan:
+    """What a reconcile queues: :func:`plan_reconcile` of the scan ``local`` against ``known`` (what
+    the store is known to hold of the scanned roots), less what a race with live writes would make
+    wrong. The candidates only: the caller still checks each delete against the disk.
+
+    * ``busy`` keys (an operation pending or running) are left to that operation, which acts on the
+      disk as it finds it then.
+    * A file skipped and unchanged since (``still_skipped``) is not queued again.
+    * Only keys in ``known_before``, what the store was known to hold before the scan began, are
+      deleted: a key stored while the scan ran may be missing from it (its directory was passed
+      already). None when ``known`` itself predates the scan (a full listing, made before it).
+    * Never deleted: ``protected_roots``, ``keep`` and ``gaps`` (see :func:`plan_reconcile`)."""
+    plan = plan_reconcile(local, known, protected_roots, keep, gaps)
+    return ReconcilePlan(
+        upload=[k for k in plan.upload if k not in busy and not still_skipped(k, local[k])],
+        delete=[k for k in plan.delete if k not in busy and (known_before is None or k in known_before)],
+        in_sync=plan.in_sync,
+    )
 
 
 @dataclass

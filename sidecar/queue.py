@@ -34,7 +34,6 @@ class Op:
     kind: Kind
     first_seq: int
     last_seq: int
-    attempts: int = 0
 
 
 class PendingSet:
@@ -132,7 +131,6 @@ class PendingSet:
 
     def _start(self, op: Op) -> Op:
         del self.pending[op.key]
-        op.attempts += 1
         self.inflight[op.key] = op
         return op
 

@@ -12,14 +12,30 @@ snapshot mode the store therefore only ever holds a state the disk really passed
    then applied to the per-file objects, then the bundle is deleted. A crash after the bundle put
    leaves the bundle behind, and restore lays it over the per-file objects: either the old state or
    the new one is restorable, never a mix.
+
+Encoding and decoding bundles are pure (:func:`encode_bundle`, :func:`decode_bundle`). A
+:class:`Committer` carries out the protocol for the uploader, which hands it each root's batch of
+dirty keys and retries a batch that failed; it also deletes, at start-up, the bundles that
+cut-short commits left behind (:meth:`Committer.drop_stale_bundles`). Per root, a commit's bundle
+put..delete and that cleanup's delete never interleave (a lock per root).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
+from typing import Awaitable, Callable
 
-from sidecar.store.base import OWN_NAMESPACE, NotFound, ObjectMeta, Store
+import anyio
+import anyio.to_thread
+
+from sidecar import log
+from sidecar.known import StoreState
+from sidecar.localfs import Unstable, Vanished, absent, read_stable, scan_root
+from sidecar.metrics import Totals
+from sidecar.paths import IgnoreRules, Root, split_key
+from sidecar.store.base import OWN_NAMESPACE, NotFound, ObjectMeta, Store, StoreError
 
 BUNDLE_DIR = f"{OWN_NAMESPACE}/bundles"
 
@@ -113,3 +129,108 @@ async def fetch_bundle(store: Store, root_name: str) -> list[Change] | None:
         return None
     _, changes = decode_bundle(blob)
     return changes
+
+
+class Committer:
+    """Commits batches of snapshot roots by the protocol above, against ``known`` (what the store is
+    known to hold, kept current here). Before every write it awaits ``guard`` (the fence's proof of
+    ownership, which never returns once fenced) and stamps the write with ``version()``."""
+
+    def __init__(self, store: Store, roots: list[Root], ignore: IgnoreRules, known: StoreState, *,
+                 max_file_size: int, guard: Callable[[], Awaitable[None]], version: Callable[[], int],
+                 totals: Totals) -> None:
+        self.store = store
+        self.roots_by_name = {r.name: r for r in roots}
+        self.ignore = ignore
+        self.known = known
+        self.max_file_size = max_file_size
+        self.guard = guard
+        self.version = version
+        self.totals = totals
+        #: per root: a commit's bundle put..delete and the start-up cleanup's delete never interleave
+        self._locks: dict[str, anyio.Lock] = {}
+
+    def _lock(self, root_name: str) -> anyio.Lock:
+        return self._locks.setdefault(root_name, anyio.Lock())
+
+    async def commit(self, root: Root, keys: list[str]) -> bool:
+        """Commit ``keys`` of ``root`` as one consistent state; False when the disk moved."""
+
+        def snapshot() -> list[Change] | None:
+            before, _ = scan_root(root, self.ignore)
+            changes = []
+            for key in sorted(keys):
+                if key in before:
+                    _, parts = split_key(key, self.roots_by_name)
+                    try:
+                        data, meta = read_stable(root, parts, self.max_file_size)
+                    except (Vanished, Unstable):
+                        return None
+                    changes.append(Change(key, data, meta))
+                elif key in self.known and absent(root, key.split("/", 1)[1]):
+                    changes.append(Change(key, None, None))  # gone for sure: not merely unreadable
+            after, _ = scan_root(root, self.ignore)
+            return changes if after == before else None
+
+        changes = await anyio.to_thread.run_sync(snapshot)
+        if changes is None:
+            return False
+        changes = [c for c in changes if c.data is None or not (
+            (info := self.known.get(c.key)) is not None and info.same_as(c.written))]
+        async with self._lock(root.name):
+            await self._apply(root, changes)
+        log.debug("snapshot_committed", root=root.name, changes=len(changes))
+        return True
+
+    async def _apply(self, root: Root, changes: list[Change]) -> None:
+        # Every write proves ownership (free within the fence's window): a large commit can outlast
+        # one proof, and a newer owner's objects must never see our writes after it.
+        if len(changes) > 1 or (changes and self.known.has_bundle(root.name)):
+            blob = encode_bundle(root.name, changes)
+            await self.guard()
+            await self.store.put(bundle_key(root.name), blob,
+                                 ObjectMeta.of(blob, time.time_ns(), 0o600, version=self.version()))
+            self.known.add_bundle(root.name)
+        for c in changes:  # the bundle makes the batch atomic; order within it does not matter
+            await self.guard()
+            if c.data is None:
+                await self.store.delete(c.key)
+                self.known.deleted(c.key)
+                self.totals.deleted()
+            else:
+                self.known.stored(c.key, await self.store.put(c.key, c.data, replace(c.written, version=self.version())))
+                self.totals.uploaded(len(c.data))
+        if self.known.has_bundle(root.name):
+            await self.guard()
+            await self.store.delete(bundle_key(root.name))
+            self.known.discard_bundle(root.name)
+
+    async def drop_stale_bundles(self, snapshot_roots: set[str], keep: set[str],
+                                 pending_keys: Callable[[], set[str]]) -> None:
+        """Delete the bundles that cut-short snapshot commits left for roots with nothing left to
+        commit (no key in ``pending_keys()``: their disk already matches the per-file objects),
+        except for roots in ``keep`` (whose disk is not the truth). A delete is a write: it waits
+        for the guard (the claim)."""
+        await self.guard()
+        if snapshot_roots:
+            # Listed again now that the claim's wait is over: a predecessor fenced in the middle of
+            # a commit may have left its bundle after our start-up listing, and from now on none of
+            # its writes can land. Left in place, a later restore would lay it over our files.
+            try:
+                async for info in self.store.list(BUNDLE_DIR + "/"):
+                    name = info.key[len(BUNDLE_DIR) + 1 :]
+                    if name in snapshot_roots:
+                        self.known.add_bundle(name)
+            except StoreError as e:
+                log.warning("bundle_cleanup_failed", root="-", error=str(e))
+        for name in sorted(self.known.bundles() - keep):
+            async with self._lock(name):
+                # decided under the lock: a commit of this root may have replaced the bundle, or
+                # have changes to commit, since the loop began
+                if not self.known.has_bundle(name) or any(k.split("/", 1)[0] == name for k in pending_keys()):
+                    continue
+                try:
+                    await self.store.delete(bundle_key(name))
+                    self.known.discard_bundle(name)
+                except StoreError as e:
+                    log.warning("bundle_cleanup_failed", root=name, error=str(e))

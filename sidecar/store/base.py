@@ -85,7 +85,7 @@ class TransientStoreError(StoreError):
 
 class StoreFull(TransientStoreError):
     """The store is out of space (or quota): nothing was written. Retried often (see
-    ``uploader``), so that the backlog drains within seconds of space coming back."""
+    ``retry.Retry``), so that the backlog drains within seconds of space coming back."""
 
 
 class NotFound(StoreError):

@@ -61,13 +61,13 @@ def test_the_stale_bundle_cleanup_never_leaves_a_commits_bundle_behind(tmp_path)
         await store.open()
         await store.put(bundle_key(name), stale, ObjectMeta.of(stale, 1, 0o600))
         uploader = Uploader(store, roots, IgnoreRules(), snapshot_roots={name})
-        uploader.bundle_outstanding.add(name)
+        uploader.known.add_bundle(name)
         write_atomic(state / "a.json", b"a")
         write_atomic(state / "b.json", b"b")
         committed = []
 
         async def commit():
-            committed.append(await uploader._commit_snapshot(roots[0], [f"{name}/a.json", f"{name}/b.json"]))
+            committed.append(await uploader.committer.commit(roots[0], [f"{name}/a.json", f"{name}/b.json"]))
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(uploader.drop_stale_bundles, set())
@@ -76,14 +76,14 @@ def test_the_stale_bundle_cleanup_never_leaves_a_commits_bundle_behind(tmp_path)
             with anyio.fail_after(10):
                 while not store.release.is_set():
                     # a commit that waits for the cleanup to finish gets its answer now
-                    lock = getattr(uploader, "_bundle_locks", {}).get(name)
+                    lock = getattr(uploader.committer, "_locks", {}).get(name)
                     if lock is not None and lock.statistics().tasks_waiting:
                         store.release.set()
                     await anyio.sleep(0.001)
         assert committed == [True]
         with pytest.raises(NotFound):
             await store.get(bundle_key(name))
-        assert uploader.bundle_outstanding == set()
+        assert uploader.known.bundles() == set()
         assert (await store.get(f"{name}/a.json"))[0] == b"a"
 
     anyio.run(main)
@@ -102,7 +102,7 @@ def test_a_bundle_a_fenced_predecessor_left_after_our_listing_is_dropped(tmp_pat
         store = DirectoryStore(str(tmp_path / "store"))
         await store.open()
         uploader = Uploader(store, roots, IgnoreRules(), snapshot_roots={name})
-        assert uploader.bundle_outstanding == set()  # what our start-up listing found
+        assert uploader.known.bundles() == set()  # what our start-up listing found
         await store.put(bundle_key(name), left, ObjectMeta.of(left, 1, 0o600))  # then it landed
         await uploader.drop_stale_bundles(set())
         with pytest.raises(NotFound):

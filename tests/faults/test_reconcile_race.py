@@ -33,16 +33,16 @@ def test_a_file_stored_while_the_scan_runs_is_not_deleted(tmp_path, monkeypatch)
     old = ".checkpoints/ctx/old.json"
     new = ".checkpoints/ctx/new.json"
     st = (cps / "ctx" / "old.json").stat()
-    daemon.uploader.remote[old] = ObjectInfo(old, 3, ObjectMeta.of(b"old", st.st_mtime_ns, 0).sha256,
-                                             st.st_mtime_ns, st.st_mode & 0o7777)
+    daemon.known.stored(old, ObjectInfo(old, 3, ObjectMeta.of(b"old", st.st_mtime_ns, 0).sha256,
+                                        st.st_mtime_ns, st.st_mode & 0o7777))
     real_scan = daemon_mod.scan_root
 
     def scan_racing_a_write(root, ignore, *gaps):
         files, links = real_scan(root, ignore, *gaps)  # the walk has passed ctx/ ...
         write_atomic(cps / "ctx" / "new.json", b"new")  # ... the host writes a checkpoint there ...
         nst = (cps / "ctx" / "new.json").stat()
-        daemon.uploader.remote[new] = ObjectInfo(new, 3, ObjectMeta.of(b"new", nst.st_mtime_ns, 0).sha256,
-                                                 nst.st_mtime_ns, nst.st_mode & 0o7777)  # ... and it is stored
+        daemon.known.stored(new, ObjectInfo(new, 3, ObjectMeta.of(b"new", nst.st_mtime_ns, 0).sha256,
+                                            nst.st_mtime_ns, nst.st_mode & 0o7777))  # ... and it is stored
         return files, links
 
     monkeypatch.setattr(daemon_mod, "scan_root", scan_racing_a_write)
@@ -67,14 +67,14 @@ def test_a_file_rewritten_while_the_scan_passes_is_not_deleted(tmp_path, monkeyp
         return ObjectInfo(key, len(data), ObjectMeta.of(data, st.st_mtime_ns, 0).sha256, st.st_mtime_ns,
                           st.st_mode & 0o7777)
 
-    daemon.uploader.remote[key] = stored(b"v1")
+    daemon.known.stored(key, stored(b"v1"))
     real_scan = daemon_mod.scan_root
 
     def scan_racing_a_rewrite(root, ignore, *gaps):
         state.unlink()  # the host unlinks ...
         files, links = real_scan(root, ignore, *gaps)  # ... the walk passes ctx/ ...
         write_atomic(state, b"v2")  # ... the host writes it again ...
-        daemon.uploader.remote[key] = stored(b"v2")  # ... and the watcher's upload of it is done
+        daemon.known.stored(key, stored(b"v2"))  # ... and the watcher's upload of it is done
         return files, links
 
     monkeypatch.setattr(daemon_mod, "scan_root", scan_racing_a_rewrite)
@@ -96,7 +96,7 @@ def test_a_stored_file_that_is_really_gone_is_still_deleted(tmp_path):
     daemon = Daemon(settings, roots, make_store(settings.store))
     for name in ("ctx/gone.json", "ctx/link.json", "moved/x.json"):
         key = f".checkpoints/{name}"
-        daemon.uploader.remote[key] = ObjectInfo(key, 1, ObjectMeta.of(b"x", 1, 0).sha256, 1, 0o600)
+        daemon.known.stored(key, ObjectInfo(key, 1, ObjectMeta.of(b"x", 1, 0).sha256, 1, 0o600))
     anyio.run(daemon.reconcile)
     queued = daemon.uploader.pending.pending
     assert {k: op.kind for k, op in queued.items() if op.kind == DELETE} == {

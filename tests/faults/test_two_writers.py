@@ -210,7 +210,7 @@ def test_a_claim_the_store_refuses_is_retried_and_reported_and_nothing_is_writte
         async with anyio.create_task_group() as tg:
             await tg.start(daemon.serve)
             with anyio.fail_after(10):
-                while daemon.uploader.failing_since is None:  # degraded: /readyz and metrics say so
+                while daemon.uploader.store_health.failing_since is None:  # degraded: /readyz and metrics say so
                     await anyio.sleep(0.01)
             assert daemon.uploader.pending_keys() == {".checkpoints/c/a.json"}
             with anyio.move_on_after(0.5, shield=True):
@@ -321,10 +321,9 @@ def test_a_snapshot_commit_stops_at_the_first_write_after_it_is_fenced(tmp_path)
         await store.open()
         fence = Fence(store, window=0.0, margin=0.0)  # every write needs a fresh proof
         await fence.claim()
-        uploader = Uploader(store, roots, IgnoreRules(), snapshot_roots={name})
-        uploader.fence = fence
+        uploader = Uploader(store, roots, IgnoreRules(), fence=fence, snapshot_roots={name})
         async with anyio.create_task_group() as tg:
-            tg.start_soon(uploader._commit_snapshot, roots[0], keys)
+            tg.start_soon(uploader.committer.commit, roots[0], keys)
             with anyio.fail_after(10):
                 await uploader.fenced.wait()
             tg.cancel_scope.cancel()

@@ -27,7 +27,7 @@ def test_a_batchs_deletes_wait_for_its_uploads_whatever_the_order(tmp_path, orde
     roots = make_roots([str(cps)], str(tmp_path))
     uploader = Uploader(store=None, roots=roots, ignore=IgnoreRules())
     a, b = ".checkpoints/ctx/A.json", ".checkpoints/ctx/B.json"
-    uploader.remote[a] = ObjectInfo(a, 1, "0" * 64, 1, 0o600)
+    uploader.known.stored(a, ObjectInfo(a, 1, "0" * 64, 1, 0o600))
     write_atomic(cps / "ctx" / "B.json", b"B")
     paths = [str(tmp_path / a), str(tmp_path / b)]
     uploader.mark_paths(paths if order == "delete first" else paths[::-1])

@@ -72,3 +72,74 @@ def test_status_is_not_in_sync_with_gaps():
     assert plan_status({}, {}).ok
     assert not plan_status({}, {}, Gaps(unreadable={".c/x": "Permission denied"})).ok
     assert not plan_status({}, {}, Gaps(unstorable=[".c/" + "x" * 2000])).ok
+
+
+# -- what a reconcile queues while live writes go on (plan_reconcile_queue) --------------------
+
+
+def queue(local, known, **kw):
+    from sidecar.plan import plan_reconcile_queue
+
+    kw.setdefault("known_before", set(known))
+    kw.setdefault("busy", set())
+    return plan_reconcile_queue(local, known, **kw)
+
+
+def test_a_key_stored_while_the_scan_ran_is_never_deleted():
+    # the scan passed r/ctx before r/ctx/new was written; its upload was done before the scan ended
+    known = {"r/ctx/old": info("r/ctx/old"), "r/ctx/new": info("r/ctx/new")}
+    plan = queue({"r/ctx/old": LocalStat(1, 10, 0o600)}, known, known_before={"r/ctx/old"})
+    assert plan.delete == []
+    # the same key, known before the scan began and absent from it, is a candidate
+    assert queue({"r/ctx/old": LocalStat(1, 10, 0o600)}, known).delete == ["r/ctx/new"]
+
+
+def test_a_full_listing_predates_the_scan_so_every_listed_key_may_be_deleted():
+    plan = queue({}, {"r/a": info("r/a"), "r/b": info("r/b")}, known_before=None)
+    assert plan.delete == ["r/a", "r/b"]
+
+
+def test_busy_keys_are_left_to_their_pending_operation():
+    local = {"r/new": LocalStat(1, 10, 0o600), "r/stale": LocalStat(2, 20, 0o600)}
+    known = {"r/stale": info("r/stale"), "r/gone": info("r/gone"), "r/gone2": info("r/gone2")}
+    plan = queue(local, known, busy={"r/new", "r/gone"})
+    assert plan.upload == ["r/stale"]
+    assert plan.delete == ["r/gone2"]
+    full = queue(local, known, known_before=None, busy={"r/stale", "r/gone2"})
+    assert (full.upload, full.delete) == (["r/new"], ["r/gone"])
+
+
+def test_a_skipped_file_is_queued_again_only_once_it_changed():
+    from sidecar.known import StoreState
+
+    state = StoreState()
+    assert state.skip("r/big", (5, 10, 11))
+    assert not state.skip("r/big", (5, 10, 11))  # that version: counted and logged already
+    unchanged, changed = LocalStat(5, 10, 0o600, ctime_ns=11), LocalStat(6, 12, 0o600, ctime_ns=13)
+    assert queue({"r/big": unchanged}, {}, still_skipped=state.still_skipped).upload == []
+    assert queue({"r/big": changed}, {}, still_skipped=state.still_skipped).upload == ["r/big"]
+    state.unskip("r/big")
+    assert queue({"r/big": unchanged}, {}, still_skipped=state.still_skipped).upload == ["r/big"]
+
+
+def test_kept_roots_and_keys_and_gaps_are_never_deleted():
+    from sidecar.localfs import Gaps
+
+    known = {k: info(k) for k in ("r/kept", "r/sub/x", "r/gone", "p/y")}
+    for known_before in (set(known), None):
+        plan = queue({}, known, known_before=known_before, protected_roots={"p"}, keep={"r/kept"},
+                     gaps=Gaps(unreadable={"r/sub": "Permission denied"}))
+        assert plan.delete == ["r/gone"]
+
+
+def test_a_full_listing_replaces_beliefs_except_for_busy_keys():
+    from sidecar.known import StoreState
+
+    old, new = info("r/a", size=1), info("r/a", size=2)
+    state = StoreState({"r/a": old, "r/busy": old, "r/dropped": old, "s/other": old})
+    state.replace({"r"}, {"r/a": new, "r/busy": new, "r/listed/x": new}, busy={"r/busy"})
+    assert state.get("r/a") is new  # the listing is newer than what we believed
+    assert state.get("r/busy") is old  # its pending operation records its own outcome
+    assert "r/dropped" not in state  # not listed: not in the store
+    assert state.get("s/other") is old  # a root not listed keeps what was believed of it
+    assert state.get("r/listed/x") is new and state.has_dir("r/listed")
