@@ -70,6 +70,10 @@ class PendingSet:
             if key not in self.inflight:
                 heapq.heappush(self._ready, (op.first_seq, key))
         else:
+            if kind == UPLOAD and op.kind == DELETE and key not in self.inflight:
+                # The delete may be held behind the barrier; an upload never is (and, being owed
+                # since ``first_seq``, may be what holds the barrier shut): ready it now.
+                heapq.heappush(self._ready, (op.first_seq, key))
             op.kind = kind
             op.last_seq = seq
         if kind == UPLOAD:

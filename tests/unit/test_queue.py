@@ -115,3 +115,56 @@ def test_many_paths_scale_linearly():
         taken += 1
         ps.done(op)
     assert taken == n + 1 and ps.idle()
+
+
+def test_a_held_delete_written_again_is_uploaded_not_left_behind_the_barrier():
+    ps = PendingSet()
+    ps.mark("u", UPLOAD)
+    u = ps.take()  # an upload in flight
+    ps.mark("k", UPLOAD)
+    ps.mark("d2", DELETE)
+    ps.mark("k", DELETE)
+    assert ps.take() is None  # both deletes wait for u
+    ps.mark("k", UPLOAD)  # k is written again: an upload, which never waits for the barrier
+    ps.done(u)
+    k = ps.take()
+    assert k is not None and (k.key, k.kind) == ("k", UPLOAD)
+    assert ps.take() is None  # d2 waits for k (owed since before d2 was deleted)
+    ps.done(k)
+    d2 = ps.take()
+    assert d2 is not None and (d2.key, d2.kind) == ("d2", DELETE)
+
+
+def test_random_schedules_never_stall():
+    """Whatever the order of marks, takes, completions and retries: while nothing runs, any work
+    owed can start (a stall leaves changes unmirrored for good), and the whole set drains."""
+    import random
+
+    for seed in range(300):
+        rng = random.Random(seed)
+        ps = PendingSet()
+        keys = [f"k{i}" for i in range(6)]
+        running: list = []
+        for _ in range(200):
+            r = rng.random()
+            if r < 0.45:
+                ps.mark(rng.choice(keys), rng.choice((UPLOAD, DELETE)))
+            elif r < 0.7:
+                op = ps.take()
+                if op is not None:
+                    running.append(op)
+            elif running:
+                op = running.pop(rng.randrange(len(running)))
+                (ps.retry if rng.random() < 0.2 else ps.done)(op)
+            if not running and ps.pending:
+                op = ps.take()
+                assert op is not None, f"seed {seed}: stalled with {sorted(ps.pending)} pending"
+                running.append(op)
+        for _ in range(1000):  # drain
+            if running:
+                ps.done(running.pop(0))
+            elif (op := ps.take()) is not None:
+                running.append(op)
+            else:
+                break
+        assert ps.idle(), f"seed {seed}: {sorted(ps.pending)} left pending"
