@@ -383,7 +383,7 @@ class Daemon:
         fence = self.uploader.fence
         if fence is not None and not left:
             try:
-                await fence.release()
+                await fence.release(max(1.0, timeout - (time.monotonic() - t0)))
             except StoreError as e:
                 log.warning("fence_release_failed", error=str(e))
         totals: dict[str, Any] = self.uploader.totals.summary

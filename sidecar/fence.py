@@ -210,9 +210,13 @@ class Fence:
         log.info("fence_claimed", generation=self.generation)
         self._claimed.set()
 
-    async def release(self) -> None:
+    async def release(self, timeout: float) -> None:
         """On a clean exit: keep the generation, clear the heartbeat, so a successor need not wait.
-        Nothing is written unless our claim succeeded."""
+        A claim still under way (a command that ends at once) is waited for, at most ``timeout``
+        seconds: one that landed after the release would hold the namespace. Nothing is written
+        unless our claim succeeded."""
+        with anyio.move_on_after(timeout):
+            await self._claimed.wait()
         if self.fenced or not self.stamp:
             return
         body = self._body(self.stamp, 0)
