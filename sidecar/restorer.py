@@ -236,7 +236,10 @@ class _Restore:
             self.started[root.name] = root
         self.queued.add(info.key)
         self.progress.expect(info.size)
-        self.send.send_nowait((root, info, bundled))
+        try:
+            self.send.send_nowait((root, info, bundled))
+        except anyio.BrokenResourceError:
+            pass  # every worker has ended: the restore is cancelled or failed, and ends as such
 
     async def list(self, deadline: float) -> None:
         """Feed every stored file of a candidate root to the workers as its listing page arrives."""

@@ -10,10 +10,10 @@ import time
 import anyio
 import pytest
 
-from support import checkpoints_root_with_a_link_out, disk_tree, run_cli, write_atomic
 from sidecar.paths import Root
 from sidecar.restorer import restore
 from sidecar.store.base import NotFound, ObjectInfo, ObjectMeta, TransientStoreError
+from support import checkpoints_root_with_a_link_out, disk_tree, run_cli, write_atomic
 
 
 def seed(work, store, files: dict[str, bytes], mode=0o640):
@@ -363,3 +363,50 @@ def test_downloads_do_not_wait_for_the_bundle_but_writes_do(tmp_path):
     _, result = anyio.run(go)
     assert result.files == 5
     assert [n for n in written_before_answer if n.endswith(".json")] == []
+
+
+def test_a_restore_cancelled_while_the_listing_streams_in_ends_as_cancelled(tmp_path):
+    """A stop during the listing cancels the download workers first; the listing task may still
+    hand over what it has in hand before it sees the cancellation. That must end the restore as
+    cancelled (exit 1 for sync, nothing to flush), not as an internal error."""
+    from sidecar.store.directory import DirectoryStore
+
+    class StoppedMidListing(DirectoryStore):
+        scope: anyio.CancelScope
+
+        def __init__(self, *a, **k):
+            super().__init__(*a, **k)
+            self.worker_stopped = anyio.Event()
+
+        async def get(self, key):
+            if key.startswith(".sidecar/"):  # the bundle read: there is none
+                return await super().get(key)
+            try:
+                await anyio.sleep_forever()
+            finally:
+                self.worker_stopped.set()
+
+        async def list(self, prefix=""):
+            items = [i async for i in super().list(prefix)]
+            yield items[0]
+            self.scope.cancel()  # the stop comes while the rest of the listing is in hand
+            with anyio.CancelScope(shield=True):
+                await self.worker_stopped.wait()
+            for info in items[1:]:
+                yield info
+
+    async def main():
+        seeded = DirectoryStore(str(tmp_path / "store"))
+        await seeded.open()
+        for i in range(3):
+            data = f"{i}".encode()
+            await seeded.put(f".checkpoints/{i}.json", data, ObjectMeta.of(data, 1, 0o600))
+        store = StoppedMidListing(str(tmp_path / "store"))
+        await store.open()
+        root = Root(".checkpoints", str(tmp_path / "work" / ".checkpoints"))
+        with anyio.CancelScope() as scope:
+            store.scope = scope
+            await restore(store, [root], concurrency=1)
+        assert scope.cancelled_caught
+
+    anyio.run(main)
