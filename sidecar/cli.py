@@ -205,7 +205,10 @@ def entry() -> None:
     Any of fd 0, 1, 2 found closed gets ``/dev/null`` first (:func:`sidecar.log.ensure_stdio`).
     """
     log.ensure_stdio()
-    code = main()
+    try:
+        code = main()
+    except KeyboardInterrupt:  # SIGINT before the command's own handling (during start-up)
+        code = 130
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

@@ -516,6 +516,9 @@ def load(overrides: Mapping[str, object] | None = None, cwd: str | None = None,
         roots = settings.root_list(cwd)
         if not roots:
             problems.append("SIDECAR_ROOTS: no root to mirror")
+        for r in roots:  # a root may not exist yet (it is watched for), but it is never a file
+            if os.path.exists(r.path) and not os.path.isdir(r.path):
+                problems.append(f"SIDECAR_ROOTS: {r.path} is not a directory")
     except ValueError as e:
         problems.append(f"SIDECAR_ROOTS: {e}")
     if store_kind(settings.store) == "directory":

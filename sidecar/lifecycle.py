@@ -294,7 +294,7 @@ async def restore(settings: Settings, roots: list[Root]) -> int:
     Exit 0 once the state is on disk (or nothing was stored), 1 or 2 as :func:`prepare` says."""
     from sidecar.daemon import Daemon
 
-    store = open_store(settings)
+    store = open_store(settings, read_only=True)  # a missing store (or container) is not created
     try:
         daemon = Daemon(settings, roots, store)
         code = await prepare(daemon, settings)

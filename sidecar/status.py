@@ -36,7 +36,11 @@ async def command(settings: Settings, roots: list[Root], as_json: bool) -> int:
     finally:
         await store.aclose()
     ns = settings.namespace
-    print(json.dumps(rep, indent=2) if as_json else render(rep, ns.describe() if ns.path or ns.identity else ""))
+    try:
+        print(json.dumps(rep, indent=2) if as_json else render(rep, ns.describe() if ns.path or ns.identity else ""),
+              flush=True)
+    except OSError as e:  # a closed pipe, a full disk
+        return fail(f"cannot write the report: {e.strerror or type(e).__name__}")
     return EXIT_OK if rep["in_sync"] else EXIT_FAIL
 
 

@@ -351,6 +351,8 @@ class DirectoryStore:
         version = st.st_mtime_ns if own and 0 <= st.st_mtime_ns < MAX_STAMP_MTIME else 0
         try:
             rec = _read_record(meta_path)
+            if not isinstance(rec["sha256"], str):
+                raise TypeError("no sha256")  # a record that vouches for nothing: unverified
             version = _bounded(rec.get("version", 0 if not own else rec.get("mtime_ns", 0)))
             # A record is removed before its data is replaced, so one that is there describes the
             # last complete put: when the data file no longer matches it (copied without mtimes,

@@ -8,6 +8,7 @@ the delete is run from inside the put, at the step where the race bites.
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 
 import anyio
@@ -102,6 +103,24 @@ def test_the_first_puts_crash_leftover_cleanup_spares_a_concurrent_puts_temp(tmp
             tg.start_soon(store.put, "r/b.json", _Held(b_data, writing, release), ObjectMeta.of(b_data, STAMP, 0o600))
         assert (await store.get("r/b.json"))[0] == b_data
         assert not list(top.glob(directory_mod.TMP_PREFIX + "*"))
+        await store.aclose()
+
+    anyio.run(main)
+
+
+def test_a_record_without_a_checksum_leaves_the_object_unverified_not_corrupt(tmp_path):
+    async def main():
+        store = DirectoryStore(str(tmp_path / "store"))
+        await store.open()
+        await store.put("r/a.json", b"abc", ObjectMeta.of(b"abc", STAMP, 0o600))
+        _data, meta_path = store._paths("r/a.json")
+        with open(meta_path) as f:
+            rec = json.load(f)
+        rec["sha256"] = None
+        with open(meta_path, "w") as f:
+            json.dump(rec, f)
+        data, info = await store.get("r/a.json")
+        assert data == b"abc" and info.sha256 is None
         await store.aclose()
 
     anyio.run(main)

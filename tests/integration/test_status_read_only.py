@@ -1,12 +1,15 @@
-"""``status`` only reads: pointed at a store that does not exist yet, it reports and creates nothing."""
+"""``status`` and ``restore`` only read: pointed at a store that does not exist yet, they create nothing."""
 
 from __future__ import annotations
+
+import os
+import subprocess
 
 import anyio
 import pytest
 from azure.storage.blob.aio import BlobServiceClient
-from support import run_cli, sidecar_env
 
+from support import run_cli, sidecar_cmd, sidecar_env
 from tests.faults.faultkit import new_target
 
 
@@ -33,3 +36,29 @@ def test_status_on_a_missing_container_creates_nothing(tmp_path, azurite):
             return [c.name async for c in svc.list_containers()]
 
     assert target.container not in anyio.run(containers)
+
+
+def test_restore_from_a_missing_directory_store_creates_nothing(tmp_path):
+    work, store = tmp_path / "work", tmp_path / "store"
+    work.mkdir()
+    r = run_cli("restore", "--store", str(store), cwd=work, env=sidecar_env())
+    assert r.returncode == 0, r.stderr
+    assert not store.exists()
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_status_that_cannot_write_its_report_says_so_in_one_line(tmp_path):
+    work = tmp_path / "work"
+    (work / ".checkpoints").mkdir(parents=True)
+    with open("/dev/full", "w") as full:
+        r = subprocess.run(sidecar_cmd("status", "--store", str(tmp_path / "store")), cwd=work, env=sidecar_env(),
+                           stdout=full, stderr=subprocess.PIPE, text=True, timeout=60)
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines() == ["checkpoint-sidecar: error: cannot write the report: No space left on device"]
+
+
+def test_a_root_that_is_a_file_is_a_config_error(tmp_path):
+    (tmp_path / "afile").write_text("x")
+    r = run_cli("sync", "--roots", "afile", "--store", str(tmp_path / "store"), cwd=tmp_path, env=sidecar_env())
+    assert r.returncode == 2
+    assert "afile is not a directory" in r.stderr and "Traceback" not in r.stderr
