@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from support import json_lines, wait_for as _wait_for
+from support import json_lines
+from support import wait_for as _wait_for
 
 from .conftest import BASE_IMAGE, SIZES, run
 

@@ -88,7 +88,8 @@ CONTAINER_APP_SCHEMA = {
                                     "userAssignedIdentities": {"type": "object", "additionalProperties": {
                                         "type": "object", "maxProperties": 0}}}},
         "properties": {"type": "object", "additionalProperties": False, "required": ["environmentId", "template"],
-                       "properties": {"environmentId": {"type": "string", "pattern": _RESOURCE_ID + "Microsoft.App/managedEnvironments/"},
+                       "properties": {"environmentId": {"type": "string",
+                                                        "pattern": _RESOURCE_ID + "Microsoft.App/managedEnvironments/"},
                                       "workloadProfileName": _STR, "configuration": _CONFIGURATION,
                                       "template": _TEMPLATE}},
     },

@@ -14,12 +14,12 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from support import write_atomic
 from sidecar.paths import IgnoreRules, make_roots
 from sidecar.snapshot import bundle_key
 from sidecar.store.base import NotFound, ObjectMeta
 from sidecar.store.directory import DirectoryStore
 from sidecar.uploader import Uploader
+from support import write_atomic
 
 pytestmark = pytest.mark.faults
 

@@ -23,11 +23,19 @@ import anyio
 import pytest
 from azure.storage.blob.aio import BlobServiceClient
 
-from support import (
-    Sidecar, disk_tree, json_lines, run_cli, seed_directory_store, sidecar_env, store_tree, wait_for, write_atomic,
-)
 from sidecar.store.base import ObjectMeta
 from sidecar.store.directory import DirectoryStore
+from support import (
+    Sidecar,
+    disk_tree,
+    json_lines,
+    run_cli,
+    seed_directory_store,
+    sidecar_env,
+    store_tree,
+    wait_for,
+    write_atomic,
+)
 from tests.faults.faultkit import events, metrics, new_target, start_with_http
 
 pytestmark = pytest.mark.faults

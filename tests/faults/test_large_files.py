@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from support import json_lines, sidecar_cmd, sidecar_env, wait_for
 
 pytestmark = pytest.mark.faults

@@ -12,7 +12,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from support import disk_tree, json_lines, run_cli, sidecar_env, store_tree, write_atomic
+from support import disk_tree, json_lines, run_cli, sidecar_env, store_tree
 
 pytestmark = pytest.mark.faults
 

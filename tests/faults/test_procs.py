@@ -11,17 +11,15 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from support import Sidecar, disk_tree, json_lines, sidecar_cmd, sidecar_env, store_tree, wait_for, write_atomic
-from tests.faults.faultkit import events, http_get, metrics
+from support import Sidecar, json_lines, sidecar_cmd, sidecar_env, store_tree, wait_for
+from tests.faults.faultkit import events
 
 pytestmark = pytest.mark.faults
 

@@ -14,12 +14,12 @@ import anyio
 import pytest
 
 import sidecar.daemon as daemon_mod
-from support import write_atomic
 from sidecar.config import load
 from sidecar.daemon import Daemon
 from sidecar.queue import DELETE
 from sidecar.store import make_store
 from sidecar.store.base import ObjectInfo, ObjectMeta
+from support import write_atomic
 
 pytestmark = pytest.mark.faults
 

@@ -16,8 +16,8 @@ from collections import defaultdict
 
 import pytest
 
-from support import disk_tree, wait_for, write_atomic
 from sidecar.retry import BACKOFF_MAX, backoff
+from support import disk_tree, wait_for, write_atomic
 from tests.faults.faultkit import Background, events, metrics, new_target, start_with_http, wait_converged_azure
 from tests.proxy import Proxy
 

@@ -69,7 +69,8 @@ def test_soak_random_workload_ends_byte_exact(kind, tmp_path, request):
         files = disk_tree(cps)
         print(f"\n{kind}: seed {SOAK_SEED}, {load.progress} operations in {SOAK_SECONDS:g}s {dict(sorted(load.counts.items()))}, "
               f"{len(files)} files at the end, max pending {max_pending:.0f}, "
-              f"{m['checkpoint_sidecar_uploaded_files_total']:.0f} uploads, {m['checkpoint_sidecar_deleted_files_total']:.0f} deletes, "
+              f"{m['checkpoint_sidecar_uploaded_files_total']:.0f} uploads, "
+              f"{m['checkpoint_sidecar_deleted_files_total']:.0f} deletes, "
               f"{m.get('checkpoint_sidecar_reconcile_fixes_total', 0):.0f} reconcile fixes")
         assert sc.stop() == 0, sc.log()[-3000:]
     finally:

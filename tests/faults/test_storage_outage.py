@@ -19,7 +19,13 @@ import pytest
 from support import disk_tree, wait_for, write_atomic
 from tests.azurite import Azurite, AzuriteUnavailable, find_azurite_command
 from tests.faults.faultkit import (
-    Background, events, http_get, metrics, new_target, start_with_http, wait_converged_azure,
+    Background,
+    events,
+    http_get,
+    metrics,
+    new_target,
+    start_with_http,
+    wait_converged_azure,
 )
 
 pytestmark = [pytest.mark.faults, pytest.mark.azure]

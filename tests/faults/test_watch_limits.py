@@ -8,9 +8,7 @@ to polling when a limit is used up.
 from __future__ import annotations
 
 import os
-import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -155,11 +153,11 @@ def test_polling_gives_way_to_inotify_when_it_is_back(tmp_path, monkeypatch):
     """Polling retries inotify: once an instance can be made again, the watcher leaves the
     degraded state (readiness note, gauge), rescans once and reports writes as events again."""
     import anyio
+    from watchfiles._rust_notify import WatchfilesRustInternalError
 
     import sidecar.watcher as watcher_mod
     from sidecar import metrics as metrics_mod
     from sidecar.paths import make_roots
-    from watchfiles._rust_notify import WatchfilesRustInternalError
 
     cps = tmp_path / ".checkpoints"
     cps.mkdir()

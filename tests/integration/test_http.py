@@ -15,11 +15,11 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from support import REPO, Sidecar, metric_values, run_cli, sidecar_env, store_tree, wait_for, write_atomic
 from sidecar import http as sidecar_http
 from sidecar.config import load
 from sidecar.store.base import ObjectMeta
 from sidecar.store.directory import DirectoryStore
+from support import REPO, Sidecar, metric_values, run_cli, sidecar_env, store_tree, wait_for, write_atomic
 
 FAKE_KEY = "ZmFrZS1rZXktbmV2ZXItc2hvdy10aGlzLXZhbHVlLWFueXdoZXJlPT0="
 FAKE_CONN = ("DefaultEndpointsProtocol=https;AccountName=fakeacct;"
@@ -219,7 +219,8 @@ def test_unknown_paths_methods_and_bad_requests(work):
             assert r.status_code == 405, (method, r.status_code)
             assert r.headers["allow"] == "GET, HEAD"
         h = get(base, "/readyz", "HEAD")
-        assert h.status_code == 200 and h.content == b"" and h.headers["content-length"] == str(len("ready: restored and mirroring\n"))
+        assert h.status_code == 200 and h.content == b""
+        assert h.headers["content-length"] == str(len("ready: restored and mirroring\n"))
 
         assert raw(base, b"garbage\r\n\r\n").startswith(b"HTTP/1.1 400 ")
         assert raw(base, b"GET /readyz HTTP/2.0\r\n\r\n").startswith(b"HTTP/1.1 505 ")

@@ -4,13 +4,13 @@ would pull it) and the directory store."""
 from __future__ import annotations
 
 import anyio
-from support import store_tree, write_atomic
 
 from sidecar import lifecycle
 from sidecar.config import load
 from sidecar.daemon import Daemon
 from sidecar.errors import EXIT_FAIL, EXIT_OK
 from sidecar.lifecycle import Shutdown
+from support import store_tree, write_atomic
 
 
 def test_a_stop_while_mirroring_starts_still_drains_what_the_first_scan_queued(tmp_path, monkeypatch):

@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-from support import checkpoints_root_with_a_link_out, disk_tree
 from sidecar.localfs import OpenDirs, UnsafeTarget, write_restored
 from sidecar.paths import Root
+from support import checkpoints_root_with_a_link_out, disk_tree
 
 
 def test_open_dirs_writes_where_the_uncached_walk_does_and_bounds_its_descriptors(tmp_path):

@@ -13,11 +13,11 @@ import anyio
 import pytest
 
 import sidecar.watcher as watcher_mod
-from support import write_atomic
 from sidecar.paths import IgnoreRules, make_roots
 from sidecar.queue import DELETE, UPLOAD
 from sidecar.store.base import ObjectInfo
 from sidecar.uploader import Uploader
+from support import write_atomic
 
 
 @pytest.mark.parametrize("order", ["delete first", "upload first"])

@@ -11,7 +11,12 @@ from azure.storage.blob.aio import BlobServiceClient  # noqa: E402
 from sidecar.store.azure import AzureBlobStore  # noqa: E402
 from sidecar.store.directory import DirectoryStore  # noqa: E402
 from tests.azurite import (  # noqa: E402
-    Azurite, AzuriteEndpoint, AzuriteUnavailable, find_azurite_command, self_signed_cert, unique_container,
+    Azurite,
+    AzuriteEndpoint,
+    AzuriteUnavailable,
+    find_azurite_command,
+    self_signed_cert,
+    unique_container,
 )
 
 #: Names the TLS Azurite's certificate is valid for: ``azurite`` stands for a host that only a

@@ -123,7 +123,8 @@ CONN = ("DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;"
 
 
 @pytest.mark.parametrize("env, url_sas, source", [
-    ({"AZURE_STORAGE_CONNECTION_STRING": CONN, "AZURE_STORAGE_KEY": FAKE_KEY, "AZURE_STORAGE_SAS_TOKEN": SAS}, True, "connection string"),
+    ({"AZURE_STORAGE_CONNECTION_STRING": CONN, "AZURE_STORAGE_KEY": FAKE_KEY, "AZURE_STORAGE_SAS_TOKEN": SAS}, True,
+     "connection string"),
     ({"AZURE_STORAGE_KEY": FAKE_KEY, "AZURE_STORAGE_SAS_TOKEN": SAS}, True, "account key"),
     ({"AZURE_STORAGE_SAS_TOKEN": "?" + SAS}, False, "SAS token"),
     ({}, True, "SAS token"),
@@ -210,7 +211,8 @@ def test_redact_known_secrets_in_any_form():
 def _http_error(status: int, code: str):
     from azure.core.exceptions import ClientAuthenticationError, HttpResponseError, ResourceNotFoundError
 
-    cls = {401: ClientAuthenticationError, 403: ClientAuthenticationError, 404: ResourceNotFoundError}.get(status, HttpResponseError)
+    classes = {401: ClientAuthenticationError, 403: ClientAuthenticationError, 404: ResourceNotFoundError}
+    cls = classes.get(status, HttpResponseError)
     err = cls(message=f"{status} {code}")
     err.status_code, err.error_code = status, code
     return err

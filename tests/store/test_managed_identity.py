@@ -199,7 +199,8 @@ def test_sync_restore_and_run_with_a_managed_identity_over_tls(tls_azurite, iden
 
     again = tmp_path / "again"
     again.mkdir()
-    child = "import os; os.makedirs('.checkpoints/ctx9', exist_ok=True); open('.checkpoints/ctx9/new.json', 'w').write('from run')"
+    child = ("import os; os.makedirs('.checkpoints/ctx9', exist_ok=True); "
+             "open('.checkpoints/ctx9/new.json', 'w').write('from run')")
     r = run_cli("run", "--store", store, "--", "python3", "-c", child, cwd=again, env=env)
     outputs.append(r.stdout + r.stderr)
     assert r.returncode == 0, r.stderr[-3000:]
