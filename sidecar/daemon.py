@@ -204,7 +204,7 @@ class Daemon:
 
         found: list[str] = []
         try:
-            legacy = make_store(self.settings.store, ns.legacy)
+            legacy = make_store(self.settings.store, ns.legacy, read_only=True)  # only looked at
         except ValueError:
             return
         try:

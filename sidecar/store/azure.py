@@ -1115,10 +1115,10 @@ class AzureBlobStore:
 
     def _download_failed(self, e: AzureError, key: str, name: str) -> StoreError:
         """A missing blob is NotFound (and forgotten); a missing container, or anything else, is
-        the store failing."""
-        if isinstance(e, ResourceNotFoundError) and _code(e) != "ContainerNotFound":
+        the store failing, except to a read-only store."""
+        if isinstance(e, ResourceNotFoundError) and (_code(e) != "ContainerNotFound" or not self.create):
             self._seen.pop(name, None)
-            return NotFound(key)
+            return NotFound(key)  # (read-only, a container not made yet holds nothing)
         return self._error(e, f"downloading {key!r}")
 
     def _cut_short(self, key: str) -> TransientStoreError:

@@ -283,7 +283,14 @@ class DirectoryStore:
     async def open(self) -> None:
         def check() -> None:
             if not self.create:
-                if os.path.exists(self.top) and not os.access(self.top, os.R_OK | os.X_OK):
+                try:
+                    st = os.stat(self.top)
+                except FileNotFoundError:
+                    return  # not made yet: lists as empty (a path through a file or an unsearchable
+                    # directory raises instead: what cannot be read is never taken for empty)
+                if not stat.S_ISDIR(st.st_mode):
+                    raise NotADirectoryError(errno.ENOTDIR, "not a directory", self.top)
+                if not os.access(self.top, os.R_OK | os.X_OK):
                     raise PermissionError(errno.EACCES, "not readable", self.top)
                 return
             os.makedirs(self.top, exist_ok=True)

@@ -62,3 +62,19 @@ def test_a_root_that_is_a_file_is_a_config_error(tmp_path):
     r = run_cli("sync", "--roots", "afile", "--store", str(tmp_path / "store"), cwd=tmp_path, env=sidecar_env())
     assert r.returncode == 2
     assert "afile is not a directory" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.azure
+def test_restore_from_a_missing_container_creates_nothing(tmp_path, azurite):
+    target = new_target(azurite, "restore")
+    work = tmp_path / "work"
+    work.mkdir()
+    env = target.env(FOUNDRY_AGENT_NAME="agent", FOUNDRY_AGENT_SESSION_ID="s1")  # reads the owner marker too
+    r = run_cli("restore", "--store", target.store_url, cwd=work, env=env)
+    assert r.returncode == 0, r.stderr
+
+    async def containers() -> list[str]:
+        async with BlobServiceClient.from_connection_string(target.conn) as svc:
+            return [c.name async for c in svc.list_containers()]
+
+    assert target.container not in anyio.run(containers)
