@@ -334,21 +334,26 @@ async def bench_footprint(t: Target, tmp: Path, n: int, seconds: float) -> None:
     record(f"idle CPU over {seconds:.0f} s", cpu, None, "%", "< 0.5 % of a core", "", met=cpu < 0.5)
 
 
+def seed_scaling_tree(work: Path, store: Path, n: int) -> None:
+    """``n`` small files under ``work/.checkpoints`` in 1,000 directories, all of them stored in
+    the directory store ``store`` (setup only, not measured: written without fsync). The drain
+    must finish the seed, or measured writes would queue behind what is left of it."""
+    for i in range(n):
+        p = work / ".checkpoints" / f"u{i % 10}" / f"c{i % 1000}" / f"{i}.json"
+        if i < 1000:
+            p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(b"{}")
+    seed = ("import os, sys; os.fsync = lambda fd: None; from sidecar.cli import main; "
+            "sys.exit(main(['run', '--store', sys.argv[1], '--http-addr', '', '--drain-timeout', '3600', '--', 'true']))")
+    subprocess.run([SIDECAR_PY, "-c", seed, str(store)], cwd=work, env=plain_env(), check=True,
+                   stderr=subprocess.DEVNULL)
+
+
 def bench_scaling(tmp: Path, sizes: list[int], writes: int) -> None:
     p50s = []
     for n in sizes:
         work, store = tmp / f"scale{n}", tmp / f"scale{n}-store"
-        for i in range(n):
-            p = work / ".checkpoints" / f"u{i % 10}" / f"c{i % 1000}" / f"{i}.json"
-            if i < 1000:
-                p.parent.mkdir(parents=True, exist_ok=True)
-            p.write_bytes(b"{}")
-        # seed the store without fsync (setup only, not measured); the drain must finish the seed,
-        # or the measured writes would queue behind what is left of it
-        seed = ("import os, sys; os.fsync = lambda fd: None; from sidecar.cli import main; "
-                "sys.exit(main(['run', '--store', sys.argv[1], '--http-addr', '', '--drain-timeout', '3600', '--', 'true']))")
-        subprocess.run([SIDECAR_PY, "-c", seed, str(store)], cwd=work, env=plain_env(), check=True,
-                       stderr=subprocess.DEVNULL)
+        seed_scaling_tree(work, store, n)
         sc = SidecarProc(["sync", "--store", str(store), "--log-level", "debug"], work, plain_env())
         lat = []
         try:

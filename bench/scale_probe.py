@@ -7,7 +7,6 @@ cost that grows with the tree. Seeds like ``bench/run.py --only scaling``.
 """
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -17,14 +16,7 @@ import run as B  # noqa: E402  (bench/run.py)
 
 tmp, n = Path(sys.argv[1]), int(sys.argv[2])
 work, store = tmp / "w", tmp / "s"
-for i in range(n):
-    p = work / ".checkpoints" / f"u{i % 10}" / f"c{i % 1000}" / f"{i}.json"
-    if i < 1000:
-        p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_bytes(b"{}")
-seed = ("import os, sys; os.fsync = lambda fd: None; from sidecar.cli import main; "
-        "sys.exit(main(['run', '--store', sys.argv[1], '--http-addr', '', '--drain-timeout', '3600', '--', 'true']))")
-subprocess.run([B.SIDECAR_PY, "-c", seed, str(store)], cwd=work, env=B.plain_env(), check=True, stderr=subprocess.DEVNULL)
+B.seed_scaling_tree(work, store, n)
 sc = B.SidecarProc(["sync", "--store", str(store), "--log-level", "debug"], work, B.plain_env())
 try:
     sc.wait("ready", timeout=600)
