@@ -232,11 +232,16 @@ def crash(host: AgentHost) -> None:
 def crash_during(host: AgentHost, stage: str, response_id: str, state_root: Path, store: Path | None) -> None:
     """SIGKILL sidecar and host (process group) while ``stage`` runs, once the store can resume it.
 
-    Waits until the host logs that ``stage`` started and (with a store) until the store's copy of
-    the state root holds the task and a checkpoint/response pair from which ``stage`` runs next.
+    Waits until the host logs that ``stage`` started and until the state (the store's copy of the
+    state root, or without a store the host's own) holds a checkpoint/response pair from which
+    ``stage`` runs next (with a store, the task too).
     """
     wait_for(lambda: stage in stage_lines(host, "started"), STEP_TIMEOUT, f"stage {stage} to start", host.log_tail)
-    if store is not None:
+    if store is None:  # the control: the host's own state must be able to resume the stage
+        wait_for(lambda: recoverable_stage(state_root, response_id) == stage, STEP_TIMEOUT,
+                 f"the host's state to be one from which stage {stage} runs",
+                 lambda: f"; it resumes at {recoverable_stage(state_root, response_id)!r}{host.log_tail()}")
+    else:
         copy = store / state_root.name
 
         def caught_up() -> bool:
