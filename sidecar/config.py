@@ -230,7 +230,8 @@ class Settings(BaseSettings):
         "auto", description="per-file, or snapshot: crash-consistent across files (auto: snapshot for agentserver)")
     prefix: Text = Field("", description="namespace inside the store; may refer to variables, e.g. 'agents/{POD_NAME}'")
     session_namespace: SessionNamespace = Field(
-        "auto", description="auto: each platform session (FOUNDRY_AGENT_SESSION_ID) in <prefix>/<agent>/<session>; "
+        "auto", description="auto: each platform session (FOUNDRY_AGENT_SESSION_ID) in <prefix>/<agent>/<session> "
+                            "(a template that does not place the session: <template>/<session>); "
                             "off: the prefix as written")
     ignore: Words = Field(default_factory=lambda: list(DEFAULT_IGNORE), description="comma-separated basename globs "
                           "never mirrored", json_schema_extra=_doc(",".join(DEFAULT_IGNORE)))
