@@ -9,8 +9,14 @@ value is shown only where it cannot be a secret (never the store URL, which may 
 token), escaped and shortened.
 
 Rules beyond a field's type: an unknown ``SIDECAR_*`` variable is an error (a typo such as
-``SIDECAR_STOR`` would otherwise fall back to the default store silently), and so is an unset
-``SIDECAR_STORE`` on a container platform, whose local disk goes with the container.
+``SIDECAR_STOR`` would otherwise fall back to the default store silently), except the shapes of
+kubelet's service links (``SIDECAR_SERVICE_HOST``, ``SIDECAR_PORT_80_TCP``... for a Service named
+``sidecar``), which are the platform's and never a setting; two variables naming one setting in
+different cases (``SIDECAR_STORE`` and ``sidecar_store``) are an error; so is an unset
+``SIDECAR_STORE`` on a container platform, whose local disk goes with the container, and there a
+directory store that does not exist (:func:`check_store_volume`, when the store is opened).
+No setting lies under the prefixes Foundry reserves for its own variables (``FOUNDRY_*``,
+``AGENT_*``): every setting is ``SIDECAR_*``.
 """
 
 from __future__ import annotations
@@ -39,6 +45,13 @@ DEFAULT_HTTP_PORT = 7479  # clear of the host (8088), Prometheus exporters (9100
 #: Set by these, the process runs on a container platform: its local disk goes with the container.
 PLATFORM_VARIABLES = ("KUBERNETES_SERVICE_HOST", "CONTAINER_APP_NAME", "FOUNDRY_HOSTING_ENVIRONMENT",
                       "FOUNDRY_AGENT_SESSION_ID")
+#: The prefixes Foundry reserves for the variables it sets; no setting may use them.
+RESERVED_PREFIXES = ("FOUNDRY_", "AGENT_")
+#: kubelet's service links for a Service ``<NAME>`` (upper case, ``-`` as ``_``) with ports
+#: ``<n>``/``<PROTO>`` and port names: ``<NAME>_SERVICE_HOST``, ``<NAME>_SERVICE_PORT[_<port name>]``,
+#: ``<NAME>_PORT[_<n>_<PROTO>[_PROTO|_PORT|_ADDR]]``. Matched as kubelet writes them (upper case).
+SERVICE_LINK = re.compile(r"[A-Z0-9_]+_SERVICE_HOST|[A-Z0-9_]+_SERVICE_PORT(?:_[A-Z0-9_]+)?"
+                          r"|[A-Z0-9_]+_PORT(?:_[0-9]+_(?:TCP|UDP|SCTP)(?:_PROTO|_PORT|_ADDR)?)?")
 #: The longest value any setting takes (a store URL with a SAS token is well below it).
 MAX_VALUE_CHARS = 4096
 #: A duration beyond a year is a mistake (and overflows event-loop timers).
@@ -217,7 +230,8 @@ class Settings(BaseSettings):
         "auto", description="per-file, or snapshot: crash-consistent across files (auto: snapshot for agentserver)")
     prefix: Text = Field("", description="namespace inside the store; may refer to variables, e.g. 'agents/{POD_NAME}'")
     session_namespace: SessionNamespace = Field(
-        "auto", description="auto: each platform session (FOUNDRY_AGENT_SESSION_ID) in <prefix>/<agent>/<session>; "
+        "auto", description="auto: each platform session (FOUNDRY_AGENT_SESSION_ID) in <prefix>/<agent>/<session> "
+                            "(a template that does not place the session: <template>/<session>); "
                             "off: the prefix as written")
     ignore: Words = Field(default_factory=lambda: list(DEFAULT_IGNORE), description="comma-separated basename globs "
                           "never mirrored", json_schema_extra=_doc(",".join(DEFAULT_IGNORE)))
@@ -246,6 +260,7 @@ class Settings(BaseSettings):
     log_format: LogFormat = Field("auto", description="auto (json unless stderr is a terminal), json, text")
 
     _namespace: Namespace = PrivateAttr(default_factory=Namespace)
+    _platform: str | None = PrivateAttr(default=None)
 
     @classmethod
     def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
@@ -282,6 +297,12 @@ class Settings(BaseSettings):
     def namespace(self) -> Namespace:
         """Resolved by :func:`load` from ``prefix``, ``session_namespace`` and the environment."""
         return self._namespace
+
+    @property
+    def platform(self) -> str | None:
+        """The variable that says this runs on a container platform (:data:`PLATFORM_VARIABLES`),
+        as :func:`load` found it; None off-platform."""
+        return self._platform
 
     def root_list(self, cwd: str | None = None) -> list[Root]:
         return make_roots(self.roots or layout_roots(self.layout), cwd or os.getcwd())
@@ -330,7 +351,7 @@ def check_store(v: str) -> str:
     return v
 
 
-_HOST = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,252})?$")
+_HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,252})?")  # fullmatch
 
 
 def parse_host_port(addr: str) -> tuple[str, int] | None:
@@ -354,7 +375,7 @@ def parse_host_port(addr: str) -> tuple[str, int] | None:
         host = head
         if ":" in host:
             raise ValueError(f"an IPv6 address goes in brackets, e.g. [::1]:{DEFAULT_HTTP_PORT}; got {shown(addr)}")
-        if host and not _HOST.match(host):
+        if host and not _HOST.fullmatch(host):
             raise ValueError(expected)
     if len(port) > 5 or int(port) > 65535:
         raise ValueError(f"the port must be 0-65535; got {shown(addr)}")
@@ -463,10 +484,34 @@ def _problem(err: Any) -> str:  # a pydantic ErrorDetails
     return f"{variable}: {err['msg'].splitlines()[0]}"  # a type this list does not know yet
 
 
-def unknown_variables(env: Mapping[str, str] | None = None) -> list[str]:
-    """``SIDECAR_*`` variables that name no setting (a typo such as ``SIDECAR_STOR``)."""
+def platform_variable(env: Mapping[str, str] | None = None) -> str | None:
+    """The first of :data:`PLATFORM_VARIABLES` set in ``env``: this runs on a container platform."""
     env = os.environ if env is None else env
-    return sorted(k for k in env if k.upper().startswith(ENV_PREFIX) and k.upper() not in VARIABLES)
+    return next((v for v in PLATFORM_VARIABLES if env.get(v)), None)
+
+
+def is_service_link(variable: str) -> bool:
+    """Whether ``variable`` has the shape of a kubelet service link (:data:`SERVICE_LINK`)."""
+    return SERVICE_LINK.fullmatch(variable) is not None
+
+
+def unknown_variables(env: Mapping[str, str] | None = None) -> list[str]:
+    """``SIDECAR_*`` variables that name no setting (a typo such as ``SIDECAR_STOR``); kubelet's
+    service links (a Service named ``sidecar``...) are the platform's, not typos."""
+    env = os.environ if env is None else env
+    return sorted(k for k in env if k.upper().startswith(ENV_PREFIX) and k.upper() not in VARIABLES
+                  and not is_service_link(k))
+
+
+def case_duplicates(env: Mapping[str, str] | None = None) -> dict[str, list[str]]:
+    """Settings named by more than one variable, in different cases (``SIDECAR_STORE`` and
+    ``sidecar_store``): the setting's variable -> the names, sorted."""
+    env = os.environ if env is None else env
+    names: dict[str, list[str]] = {}
+    for k in env:
+        if k.upper() in VARIABLES:
+            names.setdefault(k.upper(), []).append(k)
+    return {v: sorted(ks) for v, ks in sorted(names.items()) if len(ks) > 1}
 
 
 def _unknown_problem(variable: str) -> str:
@@ -490,10 +535,13 @@ def load(overrides: Mapping[str, object] | None = None, cwd: str | None = None,
     if unknown:
         raise TypeError(f"unknown settings {unknown}")  # a bug in the caller, not the operator's input
     problems = [_unknown_problem(k) for k in unknown_variables(env)]
+    twice = case_duplicates(env)
+    problems += [f"{v}: set {len(ks)} times, as {' and '.join(_escaped(k, 60) for k in ks)} (names differing only "
+                 "in case): keep one" for v, ks in twice.items()]
+    platform = platform_variable(env)
     store_set = "store" in given or any(k.upper() == "SIDECAR_STORE" for k in env)
     if not store_set:
         given["store"] = default_store(env)
-        platform = next((v for v in PLATFORM_VARIABLES if env.get(v)), None)
         if platform:
             problems.append(
                 f"SIDECAR_STORE: not set, and {platform} says this runs on a container platform, where the "
@@ -504,9 +552,10 @@ def load(overrides: Mapping[str, object] | None = None, cwd: str | None = None,
         settings = Settings(**given)  # type: ignore[arg-type]  # checked by the model itself
     except ValidationError as e:
         problems += [_problem(err) for err in e.errors(include_url=False)]
-        raise ConfigError(problems) from None
+        raise ConfigError(_one_per_duplicate(problems, twice)) from None
     finally:
         _ENVIRON.reset(token)
+    settings._platform = platform
     try:
         settings._namespace = resolve(settings.prefix, env, settings.session_namespace)
     except NamespaceError as e:
@@ -530,5 +579,54 @@ def load(overrides: Mapping[str, object] | None = None, cwd: str | None = None,
                     "put the store outside every root"
                 )
     if problems:
-        raise ConfigError(problems)
+        raise ConfigError(_one_per_duplicate(problems, twice))
     return settings, roots
+
+
+def _one_per_duplicate(problems: list[str], twice: Mapping[str, list[str]]) -> list[str]:
+    """``problems`` without those about the value of a variable set twice: which of its values
+    was read is arbitrary, and its one line says so."""
+    own = {f"{v}: set " for v in twice}
+    return [p for p in problems if p.split(": ", 1)[0] not in twice or any(p.startswith(o) for o in own)]
+
+
+def check_store_volume(settings: Settings, roots: list[Root], cwd: str | None = None) -> dict[str, str] | None:
+    """On a container platform (:attr:`Settings.platform`) a directory store must be a mounted
+    volume: one that does not exist is never created (it would be on the container's own disk,
+    gone with it, and a restore from it would look like a first boot): ValueError, one line.
+    There a store on the same filesystem as a root is likely that disk too: the fields of one
+    warning. None otherwise, and off-platform, where a missing store is made when it is opened.
+    What cannot be inspected is left to the store's own open, which says what is wrong."""
+    if settings.platform is None or store_kind(settings.store) != "directory":
+        return None
+    path = os.path.normpath(os.path.join(cwd or os.getcwd(), directory_of(settings.store)))
+    try:
+        store_dev = os.stat(path).st_dev
+    except FileNotFoundError:
+        raise ValueError(
+            f"SIDECAR_STORE: the directory store {_escaped(path, 200)} does not exist, and {settings.platform} says "
+            "this runs on a container platform, where the store must be a mounted volume: it is never created "
+            "on the container's own disk; mount the volume there or fix the path (SIDECAR_PREFIX names a "
+            "directory inside it)") from None
+    except OSError:
+        return None
+    shared = [r.path for r in roots if _device_of(r.path) == store_dev]
+    if not shared:
+        return None
+    return {"store": path, "roots": ",".join(shared), "platform": settings.platform,
+            "detail": "the directory store is on the same filesystem as the mirrored roots: on a container platform "
+                      "that is likely the compute's own disk, lost with it; mount a volume for SIDECAR_STORE"}
+
+
+def _device_of(path: str) -> int | None:
+    """The filesystem of ``path``, or of its nearest existing parent (a root may not exist yet)."""
+    while True:
+        try:
+            return os.stat(path).st_dev
+        except FileNotFoundError:
+            parent = os.path.dirname(path)
+            if parent == path:
+                return None
+            path = parent
+        except OSError:
+            return None

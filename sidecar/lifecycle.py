@@ -2,7 +2,8 @@
 
 ``sync`` and ``run -- CMD`` are one :class:`Lifecycle`; its steps, in the order they run::
 
-    open_store    the store client (a store URL or credentials it cannot use: StoreConfigError, exit 2)
+    open_store    the store client (a store URL or credentials it cannot use, or on a container platform
+                  a directory store that is not there: StoreConfigError, exit 2)
     serve_http    /livez /readyz /metrics when SIDECAR_HTTP_ADDR is set (cannot listen: exit 1)
     restore       Daemon.prepare by the restore rule (refused: exit 2; failed: exit 1)
     spawn_child   run only: CMD, as soon as its state is in place (cannot start: 127 or 126)
@@ -90,15 +91,22 @@ async def handle_signals(shutdown: Shutdown, forward: Callable[[int], None] | No
                 shutdown.trigger(signal.Signals(sig).name)
 
 
-def open_store(settings: Settings, read_only: bool = False) -> Store:
+def open_store(settings: Settings, read_only: bool = False, roots: list[Root] | None = None) -> Store:
     """The store client for ``settings``; raises :class:`~sidecar.errors.StoreConfigError` when
-    its URL or credentials cannot be used. Nothing is sent to the store yet."""
+    its URL or credentials cannot be used, or when on a container platform it is a directory that
+    does not exist (:func:`~sidecar.config.check_store_volume`: checked before anything can make it;
+    one on the filesystem of ``roots`` is a warning). Nothing is sent to the store yet."""
+    from sidecar.config import check_store_volume
     from sidecar.store import make_store
 
     try:
-        return make_store(settings.store, settings.namespace.path, read_only=read_only)
+        same_disk = check_store_volume(settings, roots or [])
+        store = make_store(settings.store, settings.namespace.path, read_only=read_only)
     except ValueError as e:
         raise StoreConfigError(str(e)) from None
+    if same_disk:
+        log.warning("store_on_root_filesystem", None, **same_disk)
+    return store
 
 
 async def prepare(daemon: Daemon, settings: Settings) -> int | None:
@@ -175,7 +183,7 @@ class Lifecycle:
 
     def open_store(self) -> Store:
         """Step 1: the store client (:func:`open_store`)."""
-        return open_store(self.settings)
+        return open_store(self.settings, roots=self.roots)
 
     async def start(self, tg: TaskGroup) -> int | None:
         """Steps 2 to 5, each in ``tg``: None once mirroring, or the exit code to stop with."""
@@ -294,7 +302,7 @@ async def restore(settings: Settings, roots: list[Root]) -> int:
     Exit 0 once the state is on disk (or nothing was stored), 1 or 2 as :func:`prepare` says."""
     from sidecar.daemon import Daemon
 
-    store = open_store(settings, read_only=True)  # a missing store (or container) is not created
+    store = open_store(settings, read_only=True, roots=roots)  # a missing store (or container) is not created
     try:
         daemon = Daemon(settings, roots, store)
         code = await prepare(daemon, settings)

@@ -12,6 +12,14 @@ key is stored under (the *namespace*) is resolved per compute from its environme
 * otherwise the namespace is the prefix as written; with ``SIDECAR_SESSION_NAMESPACE=off`` on a
   platform that names sessions the identity is still the session id, else there is none.
 
+Where the platform names the session, the session is always part of the identity, and with
+``auto`` always a segment of the namespace: a template none of whose values is the session id
+(``agents/{FOUNDRY_AGENT_NAME}``) gets ``/<session>`` appended, and the session id joins its
+identity (with ``off`` too, so a second session is refused rather than sharing the state).
+A template never refers to a credential (a name holding KEY, SECRET, PASSWORD, TOKEN,
+CONNECTION_STRING, SAS...; ``SIDECAR_STORE``, whose URL may carry a SAS token): its value would
+become a store name, a log line and the owner marker.
+
 The owner marker records the identity (see :mod:`sidecar.fence`): a compute of another identity
 never restores from a namespace nor fences its owner. Every value is checked to be one plain name
 segment, so no value can reach another namespace (``/``, ``..``, a leading ``.``). Pure: the
@@ -32,7 +40,11 @@ MAX_NAMESPACE_BYTES = 256
 MAX_SEGMENT = 128
 
 _REFERENCE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
-_SAFE_VALUE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._~=@+-]*$")
+_SAFE_VALUE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._~=@+-]*")  # fullmatch: no trailing newline
+#: A variable whose value may be a secret, by its name (any case).
+_CREDENTIAL = re.compile(r"KEY|SECRET|PASSWORD|PASSWD|TOKEN|CREDENTIAL|CONNECTION_?STRING|(?:^|_)SAS(?:_|$)", re.I)
+#: Named by no such word, yet a secret: the store URL may carry a SAS token.
+_SECRET_VARIABLES = frozenset({"SIDECAR_STORE"})
 _SAFE_TEXT = "letters, digits and . _ ~ = @ + -, not starting with '.'"
 
 
@@ -87,10 +99,24 @@ def _check_no_braces(template: str, start: int, end: int) -> None:
                 "(letters, digits, _), not nested, and braces are allowed nowhere else")
 
 
+def credential_word(name: str) -> str | None:
+    """What makes the variable ``name`` a credential (``KEY``, ``SECRET``...), None when nothing does."""
+    if name.upper() in _SECRET_VARIABLES:
+        return "a store URL, which may carry a SAS token"
+    m = _CREDENTIAL.search(name)
+    return f"'{m.group(0).strip('_').upper()}' in its name" if m else None
+
+
 def check_template(template: str) -> str:
-    """``template`` with surrounding ``/`` removed, once its syntax and static parts are checked."""
+    """``template`` with surrounding ``/`` removed, once its syntax and static parts are checked
+    and it refers to no credential (whose value is never read)."""
     template = template.strip().strip("/")
-    references(template)
+    for name in references(template):
+        why = credential_word(name)
+        if why:
+            raise NamespaceError(
+                f"refers to {{{name}}}, a credential ({why}): its value would become store names, log lines "
+                "and the owner marker; refer to what names the compute, such as {POD_NAME}")
     static = _REFERENCE.sub("x", template)
     if static and any(p in ("", ".", "..") or "\\" in p for p in static.split("/")):
         raise NamespaceError("must be a plain relative name like 'session-42' or 'team/{POD_NAME}'")
@@ -110,7 +136,7 @@ def _value(env: Mapping[str, str], name: str, referenced: bool = True) -> str:
     where = "SIDECAR_PREFIX" if referenced else name
     if not value:
         raise NamespaceError(f"refers to {{{name}}}, which is unset or empty: set it, or remove the reference")
-    if len(value) > MAX_SEGMENT or not _SAFE_VALUE.match(value):
+    if len(value) > MAX_SEGMENT or not _SAFE_VALUE.fullmatch(value):
         shown = value[:40].encode("unicode_escape").decode("ascii")
         raise NamespaceError(f"{name}={shown!r}{'...' if len(value) > 40 else ''} is not a safe name segment "
                              f"({_SAFE_TEXT}; at most {MAX_SEGMENT} characters)", where)
@@ -122,13 +148,20 @@ def resolve(template: str, env: Mapping[str, str], session_namespace: str = "aut
     environment and ``SIDECAR_SESSION_NAMESPACE`` (``auto`` or ``off``)."""
     template = check_template(template)
     names = references(template)
+    session = env.get(SESSION_VAR, "")
     if names:
         values = {n: _value(env, n) for n in names}
         path = _REFERENCE.sub(lambda m: values[m.group(1)], template)
         head = template.split("{", 1)[0]
         legacy = head.rsplit("/", 1)[0] if "/" in head else ""
-        return _checked(Namespace(path, values, legacy))
-    session = env.get(SESSION_VAR, "")
+        identity = dict(values)
+        if session:
+            sid = _value(env, SESSION_VAR, referenced=False)
+            if sid not in values.values():  # the template names no session: it must not be shared by all
+                identity[SESSION_VAR] = sid
+                if session_namespace == "auto":
+                    path = f"{path}/{sid}"
+        return _checked(Namespace(path, identity, legacy))
     if not session:
         return _checked(Namespace(template))
     identity = {SESSION_VAR: _value(env, SESSION_VAR, referenced=False)}

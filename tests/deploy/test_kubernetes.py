@@ -247,3 +247,11 @@ def test_shutdown_budget(native, legacy, statefulset):
     pre_stop = float(sidecar["lifecycle"]["preStop"]["exec"]["command"][1])
     assert pre_stop >= _host_shutdown_limit(by_name(pod["containers"], "agent"))
     assert pre_stop + float(env_of(sidecar)["SIDECAR_DRAIN_TIMEOUT"]) + 10 <= pod["terminationGracePeriodSeconds"]
+
+
+def test_pods_get_no_service_links(native, legacy, statefulset):
+    """kubelet puts <SERVICE>_SERVICE_HOST, <SERVICE>_PORT_... of every Service in the namespace
+    into each container unless the pod opts out; a Service named ``sidecar`` gives SIDECAR_*
+    variables (not settings: the sidecar ignores their shapes, and the pods opt out)."""
+    for docs, kind in ((native, "Deployment"), (legacy, "Deployment"), (statefulset, "StatefulSet")):
+        assert one(docs, kind)["spec"]["template"]["spec"]["enableServiceLinks"] is False, kind

@@ -54,6 +54,7 @@ STEP_TIMEOUT = 20.0
 
 
 def agentserver_wrapper(store: Path) -> list[str]:
+    store.mkdir(parents=True, exist_ok=True)  # a mounted volume: with a session id a missing store is refused
     return [
         sys.executable, "-m", "sidecar", "run", "--layout", "agentserver", "--http-addr", "", "--store", str(store), "--",
     ]

@@ -57,6 +57,7 @@ class Session:
 
 def test_two_sessions_of_one_configuration_recover_their_own_workflows(tmp_path, issue_python, start_host, sidecar_cli):
     store = tmp_path / "store"
+    store.mkdir()  # a mounted volume: where the platform names sessions a missing store is refused
     one, two = (Session(tmp_path, sid, store, sidecar_cli) for sid in ("sess-one", "sess-two"))
     host1, host2 = one.start(start_host, issue_python), two.start(start_host, issue_python)
 

@@ -98,6 +98,8 @@ def test_many_live_sessions_on_one_store_keep_apart(kind, tmp_path):
     emulator = EmulatorWithRequestLog(tmp_path) if kind == "azure" else None
     container = "sessions"
     store = f"{emulator.url}/{container}" if emulator else str(tmp_path / "store")
+    if not emulator:
+        (tmp_path / "store").mkdir()  # a mounted volume: on a platform a missing store is refused
     cred = {"AZURE_STORAGE_CONNECTION_STRING": connection_string(emulator.url)} if emulator else {}
     sids = [f"sess-{n:02d}" for n in range(SESSIONS)]
     works = {sid: tmp_path / sid for sid in sids}

@@ -3,10 +3,12 @@ problem, exit 2, never a traceback; flags per command; no abbreviations; help pe
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from sidecar.config import SETTING_NAMES
-from tests.support import run_cli, sidecar_env
+from tests.support import json_lines, run_cli, sidecar_env
 from tests.unit.test_config_hostile import ACCEPTED, HOSTILE
 
 PREFIX = "checkpoint-sidecar: config error: "
@@ -128,3 +130,88 @@ def test_status_creates_no_store(tmp_path):
     r = run_cli("status", "--json", cwd=work, env=env)
     assert r.returncode == 1 and '"pending_upload": [\n        ".checkpoints/a.json"' in r.stdout, r.stdout + r.stderr
     assert not (tmp_path / "state").exists()
+
+
+@pytest.mark.parametrize("command", ["restore", "sync", "run"])
+def test_a_directory_store_that_is_not_there_on_a_platform_is_refused_and_never_made(command, tmp_path):
+    """A volume that was never mounted, or a typo (``/mnt/durabel``): the store would be made on
+    the container's own disk, mirrored onto a disk that dies with the compute, and ``restore``
+    would answer "nothing stored" like a first boot."""
+    work = tmp_path / "work"
+    (work / ".checkpoints").mkdir(parents=True)
+    (work / ".checkpoints" / "a.json").write_text("{}")
+    store = tmp_path / "mnt" / "durabel"
+    env = env_for(tmp_path, SIDECAR_STORE=str(store), KUBERNETES_SERVICE_HOST="10.0.0.1")
+    args = ["run", "--", sys.executable, "-c", "open('child-ran', 'w')"] if command == "run" else [command]
+    errors = config_errors(run_cli(*args, cwd=work, env=env, timeout=30))
+    assert list(errors) == ["SIDECAR_STORE"]
+    assert errors["SIDECAR_STORE"].startswith(f"the directory store {store} does not exist, and "
+                                              "KUBERNETES_SERVICE_HOST says this runs on a container platform")
+    assert "must be a mounted volume" in errors["SIDECAR_STORE"]
+    assert not (tmp_path / "mnt").exists() and not (work / "child-ran").exists()
+
+
+def test_off_a_platform_a_missing_store_is_made_and_on_one_a_mounted_store_warns_on_the_roots_disk(tmp_path):
+    work = tmp_path / "work"
+    (work / ".checkpoints").mkdir(parents=True)
+    (work / ".checkpoints" / "a.json").write_text("{}")
+    env = env_for(tmp_path)
+    r = run_cli("run", "--", sys.executable, "-c", "pass", cwd=work, env=env, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "store" / ".checkpoints" / "a.json").exists()  # made, and mirrored
+    assert "store_on_root_filesystem" not in r.stderr
+    r = run_cli("restore", cwd=work, env={**env, "CONTAINER_APP_NAME": "app"}, timeout=60)  # now it exists
+    assert r.returncode == 0, r.stderr
+    warned = [e for e in json_lines(r.stderr) if e.get("event") == "store_on_root_filesystem"]
+    assert len(warned) == 1 and warned[0]["store"] == str(tmp_path / "store"), r.stderr
+    assert warned[0]["roots"] == f"{work / '.checkpoints'},{work / '.function_approvals'}"
+
+
+def test_kubelet_service_links_never_fail_the_start(tmp_path):
+    """A Service named ``sidecar`` in the namespace puts SIDECAR_SERVICE_HOST, SIDECAR_PORT... into
+    every container (enableServiceLinks defaults to true): each one is the platform's."""
+    work = tmp_path / "work"
+    (work / ".checkpoints").mkdir(parents=True)
+    (tmp_path / "store").mkdir()
+    links = {"SIDECAR_SERVICE_HOST": "10.0.0.7", "SIDECAR_SERVICE_PORT": "80", "SIDECAR_SERVICE_PORT_HTTP": "80",
+             "SIDECAR_PORT": "tcp://10.0.0.7:80", "SIDECAR_PORT_80_TCP": "tcp://10.0.0.7:80",
+             "SIDECAR_PORT_80_TCP_PROTO": "tcp", "SIDECAR_PORT_80_TCP_PORT": "80", "SIDECAR_PORT_80_TCP_ADDR": "10.0.0.7"}
+    env = env_for(tmp_path, KUBERNETES_SERVICE_HOST="10.0.0.1", **links)
+    r = run_cli("run", "--", sys.executable, "-c", "open('child-ran', 'w')", cwd=work, env=env, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert (work / "child-ran").exists()
+    errors = config_errors(run_cli("sync", cwd=work, env={**env, "SIDECAR_STOR": "x"}))  # typos still are
+    assert list(errors) == ["SIDECAR_STOR"]
+
+
+def test_one_setting_named_twice_in_different_cases_is_one_line(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    env = env_for(tmp_path, sidecar_store=str(tmp_path / "other"))
+    errors = config_errors(run_cli("sync", cwd=work, env=env))
+    assert errors == {"SIDECAR_STORE": "set 2 times, as SIDECAR_STORE and sidecar_store (names differing only in "
+                                       "case): keep one"}
+    assert not (tmp_path / "store").exists() and not (tmp_path / "other").exists()
+
+
+def test_a_template_naming_a_credential_is_refused_without_its_value(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    secret = "Zm9vYmFyLXNlY3JldC1rZXk+/bGFzdA=="
+    for name in ("AZURE_STORAGE_KEY", "AZURE_CLIENT_SECRET"):
+        env = env_for(tmp_path, SIDECAR_PREFIX=f"agents/{{{name}}}", **{name: secret})
+        r = run_cli("sync", cwd=work, env=env)
+        errors = config_errors(r)
+        assert list(errors) == ["SIDECAR_PREFIX"] and errors["SIDECAR_PREFIX"].startswith(f"refers to {{{name}}}, a cred")
+        assert secret[:6] not in r.stderr + r.stdout
+    assert not (tmp_path / "store").exists()
+
+
+def test_a_session_id_ending_in_a_newline_is_refused(tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    (tmp_path / "store").mkdir()
+    env = env_for(tmp_path, FOUNDRY_AGENT_NAME="agent", FOUNDRY_AGENT_SESSION_ID="s1\n")
+    errors = config_errors(run_cli("sync", cwd=work, env=env))
+    assert list(errors) == ["FOUNDRY_AGENT_SESSION_ID"] and "not a safe name segment" in errors["FOUNDRY_AGENT_SESSION_ID"]
+    assert list((tmp_path / "store").iterdir()) == []

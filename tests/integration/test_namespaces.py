@@ -28,6 +28,7 @@ class Target:
             self.url = self.azure.store_url
         else:
             self.dir = tmp_path / "store"
+            self.dir.mkdir()  # a mounted volume: on a platform a missing directory store is refused
             self.url = str(self.dir)
 
     def env(self, **extra: str) -> dict[str, str]:
@@ -110,6 +111,30 @@ def test_two_live_sessions_keep_their_own_state(target, tmp_path):
         assert r.returncode == 0, r.stderr
         assert disk_tree(fresh / ".checkpoints") == files
     assert target.marker("approvals/s1")["identity"] == {"FOUNDRY_AGENT_SESSION_ID": "s1"}
+
+
+def test_a_template_naming_only_the_agent_keeps_each_session_apart(target, tmp_path):
+    """``SIDECAR_PREFIX=agents/{FOUNDRY_AGENT_NAME}`` where the platform names sessions: one
+    namespace and one identity for every session, so session two restored session one's private
+    file and fenced it while session one's host went on, unmirrored. Each session is its own."""
+    agent_only = {"SIDECAR_PREFIX": "agents/{FOUNDRY_AGENT_NAME}"}
+    a, b = compute(tmp_path, "a"), compute(tmp_path, "b")
+    sa = Sidecar(a, "sync", env=target.env(**session("s1", **agent_only)))
+    sa.wait_event("ready")
+    write_atomic(a / ".checkpoints" / "r1" / "private.json", b"session one's")
+    wait_for(lambda: "agents/approvals/s1/.checkpoints/r1/private.json" in target.names(), 20, "s1 stored")
+
+    sb = Sidecar(b, "sync", env=target.env(**session("s2", **agent_only)))
+    sb.wait_event("ready")
+    assert disk_tree(b / ".checkpoints") == {}  # nothing of session one's
+    write_atomic(a / ".checkpoints" / "r1" / "later.json", b"still mirrored")
+    wait_for(lambda: "agents/approvals/s1/.checkpoints/r1/later.json" in target.names(), 20, "s1 still stored")
+    assert not sa.has_event("fenced") and not sb.has_event("fenced")
+    assert sa.stop() == 0 and sb.stop() == 0
+    assert sb.wait_event("store")["namespace"] == ("agents/approvals/s2 (FOUNDRY_AGENT_NAME=approvals, "
+                                                   "FOUNDRY_AGENT_SESSION_ID=s2)")
+    assert target.marker("agents/approvals/s1")["identity"] == {"FOUNDRY_AGENT_NAME": "approvals",
+                                                                 "FOUNDRY_AGENT_SESSION_ID": "s1"}
 
 
 def test_another_identity_is_refused_before_it_restores(target, tmp_path):

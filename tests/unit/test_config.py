@@ -166,3 +166,107 @@ def test_deploy_files_name_only_known_variables():
     for manifest in ("deploy/kubernetes/base/kustomization.yaml", "deploy/azure-container-apps/containerapp.yaml",
                      "deploy/compose/compose.yaml"):
         assert "SIDECAR_STORE" in (repo / manifest).read_text(), manifest
+
+
+#: What kubelet sets for a Service named ``sidecar`` (ports http 80/TCP, metrics 9100/UDP) and one
+#: named ``sidecar-store`` (enableServiceLinks, on by default).
+SERVICE_LINKS = {
+    "SIDECAR_SERVICE_HOST": "10.0.0.7", "SIDECAR_SERVICE_PORT": "80", "SIDECAR_SERVICE_PORT_HTTP": "80",
+    "SIDECAR_SERVICE_PORT_METRICS_PORT": "9100", "SIDECAR_PORT": "tcp://10.0.0.7:80",
+    "SIDECAR_PORT_80_TCP": "tcp://10.0.0.7:80", "SIDECAR_PORT_80_TCP_PROTO": "tcp",
+    "SIDECAR_PORT_80_TCP_PORT": "80", "SIDECAR_PORT_80_TCP_ADDR": "10.0.0.7",
+    "SIDECAR_PORT_9100_UDP_ADDR": "10.0.0.7", "SIDECAR_PORT_9100_SCTP": "sctp://10.0.0.7:9100",
+    "SIDECAR_STORE_SERVICE_HOST": "10.0.0.8", "SIDECAR_STORE_PORT_443_TCP": "tcp://10.0.0.8:443",
+}
+
+
+def test_kubelet_service_links_are_not_settings(tmp_path):
+    """A Service named ``sidecar`` puts SIDECAR_SERVICE_HOST, SIDECAR_PORT... into every
+    container of its namespace: the typo check exited 2 in every pod."""
+    from sidecar.config import VARIABLES, is_service_link, unknown_variables
+
+    env = {**SERVICE_LINKS, "SIDECAR_STORE": str(tmp_path / "s"), "KUBERNETES_SERVICE_HOST": "10.0.0.1"}
+    assert unknown_variables(env) == []
+    settings, _ = load({}, cwd=str(tmp_path), env=env)
+    assert settings.store == str(tmp_path / "s")
+    assert not [v for v in VARIABLES if is_service_link(v)]  # no setting of ours has such a shape
+    # the typo check stays for everything else, and for shapes kubelet never writes
+    for typo in ("SIDECAR_STOR", "SIDECAR_PORTS", "SIDECAR_PORT_80", "SIDECAR_PORT_80_TCP_HOST", "SIDECAR_PORT_X_TCP",
+                 "sidecar_service_host", "SIDECAR_HTTP_PORT_ADDR", "SIDECAR_SERVICE_HOSTS"):
+        assert unknown_variables({typo: "x"}) == [typo], typo
+
+
+def test_no_setting_under_the_prefixes_foundry_reserves():
+    from sidecar.config import RESERVED_PREFIXES, VARIABLES
+
+    assert RESERVED_PREFIXES == ("FOUNDRY_", "AGENT_")
+    assert [v for v in VARIABLES if v.startswith(RESERVED_PREFIXES) or not v.startswith("SIDECAR_")] == []
+
+
+@pytest.mark.parametrize("other", ["sidecar_store", "Sidecar_Store", "SIDECAR_store"])
+def test_a_setting_named_twice_in_different_cases_is_one_error_line(other, tmp_path):
+    """Which of the two the model read depended on the environment's order."""
+    env = {"SIDECAR_STORE": str(tmp_path / "a"), other: str(tmp_path / "b")}
+    with pytest.raises(ConfigError) as e:
+        load({}, cwd=str(tmp_path), env=env)
+    assert e.value.problems == [
+        f"SIDECAR_STORE: set 2 times, as {' and '.join(sorted(['SIDECAR_STORE', other]))} (names differing only "
+        "in case): keep one"]
+    # one line per variable, even when a value is also bad; other problems are still reported
+    env = {"SIDECAR_CONCURRENCY": "0", "sidecar_concurrency": "1", "SIDECAR_LOG_LEVEL": "loud",
+           "SIDECAR_STORE": str(tmp_path / "a")}
+    with pytest.raises(ConfigError) as e:
+        load({}, cwd=str(tmp_path), env=env)
+    assert [p.split(":")[0] for p in e.value.problems] == ["SIDECAR_CONCURRENCY", "SIDECAR_LOG_LEVEL"]
+    assert "set 2 times" in e.value.problems[0]
+
+
+def _settings(tmp_path, store, **env):
+    settings, roots = load({}, cwd=str(tmp_path / "work"), env={"SIDECAR_STORE": str(store), **env})
+    return settings, roots
+
+
+@pytest.mark.parametrize("platform", ["KUBERNETES_SERVICE_HOST", "CONTAINER_APP_NAME", "FOUNDRY_HOSTING_ENVIRONMENT",
+                                      "FOUNDRY_AGENT_SESSION_ID"])
+def test_a_missing_directory_store_on_a_platform_is_refused_and_never_made(platform, tmp_path):
+    from sidecar.config import check_store_volume
+
+    store = tmp_path / "mnt" / "durabel"
+    settings, roots = _settings(tmp_path, store, **{platform: "x"})
+    assert settings.platform == platform
+    with pytest.raises(ValueError) as e:
+        check_store_volume(settings, roots)
+    line = str(e.value)
+    assert line.startswith(f"SIDECAR_STORE: the directory store {store} does not exist, and {platform} says")
+    assert "must be a mounted volume" in line and "\n" not in line
+    assert not (tmp_path / "mnt").exists()
+    settings, roots = _settings(tmp_path, f"file://{store}", **{platform: "x"})  # a file: URL alike
+    with pytest.raises(ValueError, match="does not exist"):
+        check_store_volume(settings, roots)
+
+
+def test_off_platform_or_azure_the_store_is_not_checked(tmp_path):
+    from sidecar.config import check_store_volume
+
+    settings, roots = _settings(tmp_path, tmp_path / "missing")
+    assert settings.platform is None and check_store_volume(settings, roots) is None
+    settings, roots = load({}, cwd=str(tmp_path), env={
+        "SIDECAR_STORE": "https://acct.blob.core.windows.net/c", "KUBERNETES_SERVICE_HOST": "10.0.0.1"})
+    assert check_store_volume(settings, roots) is None
+
+
+def test_a_store_on_the_roots_filesystem_on_a_platform_is_a_warning(tmp_path):
+    """A mounted volume is another filesystem; the same one as the roots is likely the compute's disk."""
+    import os
+
+    from sidecar.config import check_store_volume
+
+    store = tmp_path / "store"
+    store.mkdir()
+    settings, roots = _settings(tmp_path, store, KUBERNETES_SERVICE_HOST="10.0.0.1")
+    warning = check_store_volume(settings, roots)  # the roots do not exist yet: their parent counts
+    assert warning and warning["store"] == str(store) and warning["platform"] == "KUBERNETES_SERVICE_HOST"
+    assert warning["roots"] == ",".join(r.path for r in roots)
+    if os.stat("/proc").st_dev != os.stat(tmp_path).st_dev:  # another filesystem: no warning
+        settings, roots = _settings(tmp_path, "/proc", KUBERNETES_SERVICE_HOST="10.0.0.1")
+        assert check_store_volume(settings, roots) is None

@@ -37,9 +37,64 @@ def test_a_template_expands_variables_and_names_the_identity():
     assert ns.path == "agents/eu/pod-web-2"
     assert ns.identity == {"REGION": "eu", "POD_NAME": "web-2"}
     assert ns.legacy == "agents"
-    # a template decides the layout, even where the platform names a session
-    assert resolve("{POD_NAME}", {**env, **FOUNDRY}).path == "web-2"
+    # a template that places the session decides the layout
     assert resolve("{FOUNDRY_AGENT_SESSION_ID}", FOUNDRY).identity == {"FOUNDRY_AGENT_SESSION_ID": "sess-1"}
+    assert resolve("x/{SID}", {"SID": "sess-1", **FOUNDRY}) == Namespace("x/sess-1", {"SID": "sess-1"}, "x")
+
+
+def test_a_template_without_the_session_is_made_per_session_where_the_platform_names_one():
+    """``agents/{FOUNDRY_AGENT_NAME}`` would put every session of the agent in one namespace with
+    one identity: session two would restore session one's files and fence it."""
+    one = resolve("agents/{FOUNDRY_AGENT_NAME}", FOUNDRY)
+    two = resolve("agents/{FOUNDRY_AGENT_NAME}", {**FOUNDRY, "FOUNDRY_AGENT_SESSION_ID": "sess-2"})
+    assert one.path == "agents/approvals/sess-1" and two.path == "agents/approvals/sess-2"
+    assert one.identity == {"FOUNDRY_AGENT_NAME": "approvals", "FOUNDRY_AGENT_SESSION_ID": "sess-1"}
+    assert conflict({"identity": one.identity}, two.identity, one.path)  # never one owner for both
+    assert resolve("{POD_NAME}", {"POD_NAME": "web-2", **FOUNDRY}).path == "web-2/sess-1"
+    # off: the prefix as written, and the session in the identity: a second session is refused
+    off_one = resolve("agents/{FOUNDRY_AGENT_NAME}", FOUNDRY, "off")
+    off_two = resolve("agents/{FOUNDRY_AGENT_NAME}", {**FOUNDRY, "FOUNDRY_AGENT_SESSION_ID": "sess-2"}, "off")
+    assert off_one.path == off_two.path == "agents/approvals"
+    assert conflict({"identity": off_one.identity}, off_two.identity, off_one.path)
+    with pytest.raises(NamespaceError) as e:  # the session id is checked whatever the template
+        resolve("agents/{FOUNDRY_AGENT_NAME}", {**FOUNDRY, "FOUNDRY_AGENT_SESSION_ID": "../x"})
+    assert e.value.variable == "FOUNDRY_AGENT_SESSION_ID"
+
+
+SECRET = "c2VjcmV0LWtleS12YWx1ZQ+/="
+
+
+@pytest.mark.parametrize("name", ["AZURE_STORAGE_KEY", "AZURE_CLIENT_SECRET", "DB_PASSWORD", "GITHUB_TOKEN",
+                                  "AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_SAS", "SAS_URL", "api_key",
+                                  "SIDECAR_STORE", "AZURE_FEDERATED_TOKEN_FILE", "sidecar_store"])
+def test_a_template_never_refers_to_a_credential(name):
+    """Its value would be printed (an unsafe value is shown, 40 characters), or become store
+    names, log lines, /readyz and the owner marker."""
+    env = {name: SECRET, "POD_NAME": "p"}
+    with pytest.raises(NamespaceError, match=r"a credential") as e:
+        resolve(f"agents/{{POD_NAME}}/{{{name}}}", env)
+    assert SECRET[:8] not in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(ConfigError) as c:
+        load({"store": "/mnt/store"}, env={"SIDECAR_PREFIX": f"x/{{{name}}}", **env})
+    assert len(c.value.problems) == 1 and c.value.problems[0].startswith(f"SIDECAR_PREFIX: refers to {{{name}}}")
+    assert SECRET[:8] not in c.value.problems[0]
+
+
+@pytest.mark.parametrize("name", ["POD_NAME", "FOUNDRY_AGENT_NAME", "FOUNDRY_AGENT_SESSION_ID", "HOSTNAME", "REGION"])
+def test_names_of_computes_are_not_credentials(name):
+    assert resolve(f"{{{name}}}", {name: "v"}).path == "v"
+
+
+@pytest.mark.parametrize("value", ["s1\n", "s1\r", "s\x001", "s1\t", "\x7fs1", "s1\n\n"])
+def test_a_control_character_anywhere_in_an_id_is_refused(value):
+    """``$`` matched before a trailing newline: ``s1\n`` passed and became the namespace ``agent/s1\n``."""
+    with pytest.raises(NamespaceError, match="not a safe name segment") as e:
+        resolve("", {"FOUNDRY_AGENT_NAME": "agent", "FOUNDRY_AGENT_SESSION_ID": value})
+    assert e.value.variable == "FOUNDRY_AGENT_SESSION_ID" and "\n" not in str(e.value)
+    with pytest.raises(NamespaceError, match="not a safe name segment"):
+        resolve("", {"FOUNDRY_AGENT_NAME": value, "FOUNDRY_AGENT_SESSION_ID": "s1"})
+    with pytest.raises(NamespaceError, match="not a safe name segment"):
+        resolve("{POD_NAME}", {"POD_NAME": value})
 
 
 @pytest.mark.parametrize("env", [{}, {"POD_NAME": ""}])
