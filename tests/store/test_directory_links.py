@@ -200,3 +200,23 @@ async def test_the_base_itself_may_be_a_symlink(tmp_path):
     assert [i.key async for i in store.list()] == [KEY]
     await store.delete(KEY)
     assert [i.key async for i in store.list()] == []
+
+
+@pytest.mark.parametrize("command", [("run", "--", "true"), ("sync",), ("restore",), ("status",)])
+def test_a_sidecar_whose_namespace_directory_is_a_link_refuses_it_in_one_line(tmp_path, command):
+    """The finding as a user meets it: ``<store>/agent -> elsewhere`` under ``SIDECAR_PREFIX=agent/s1``.
+    Real processes: each command fails in one line naming the link, and nothing lands outside."""
+    from support import run_cli, sidecar_env, write_atomic
+
+    store, outside, work = tmp_path / "store", tmp_path / "outside", tmp_path / "w"
+    (outside / "s1").mkdir(parents=True)
+    store.mkdir()
+    os.symlink(outside, store / "agent")
+    write_atomic(work / ".checkpoints" / "c.json", b'{"a": 1}')
+    r = run_cli(*command, cwd=work, env=sidecar_env(SIDECAR_STORE=str(store), SIDECAR_PREFIX="agent/s1"), timeout=60)
+    assert r.returncode not in (0, 75), r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "refusing to follow the symlink 'agent'" in lines[0], r.stderr
+    assert "Traceback" not in r.stderr
+    assert snapshot(outside) == {"s1": ("dir",)}
+    assert os.path.islink(store / "agent")
