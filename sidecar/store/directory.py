@@ -8,20 +8,35 @@ Layout under ``<base>/<prefix>/``::
                                    the same, for a name too long to take the ".json" suffix
                                    (a file name may have 255 bytes; ".sidecar-*" names are never
                                    mirrored, so this cannot collide with a real key's record)
+    .sidecar-meta/.sidecar-lock    flock'ed while one of the sidecar's own objects is replaced
+    .sidecar-meta/.sidecar-lock-NN flock'ed while a key hashed to stripe NN is replaced or deleted
 
 Each file is written to a temp file, fsynced, renamed over the target, and its directory fsynced.
-A replacement first removes the old metadata record (durably), then writes the data, then the new
-record; ``list`` trusts a record only while the data file's size and mtime still match what it
-recorded (``data_mtime_ns``). A crash anywhere in between therefore leaves an object whose sha256
+A replacement first removes the old metadata record (durably), then renames the data, then writes
+the new record; ``list`` trusts a record only while the data file's size and mtime still match what
+it recorded (``data_mtime_ns``). A crash anywhere in between therefore leaves an object whose sha256
 is unknown (``None``) rather than a wrong one, even when the new version has the old one's size and
 mtime, and reconciliation rewrites it. The record's ``version`` orders writes (the supersede rule
 of :meth:`~sidecar.store.base.Store.put`) and is trusted while the record is there, whatever the
 data file's mtime says: a store copied without mtimes keeps its order. A record-less object has
 version 0, except one of the sidecar's own objects, written with its stamp as the file's mtime.
 
-Below the store's top nothing is followed: a symlink planted inside the store makes the write or
-delete that would pass through it fail (one line naming it), and records and data files are read
-only when they are regular files of bounded size (a FIFO or a link to ``/dev/zero`` is refused).
+A put streams its bytes into the temp file with no lock held; only the version check, the renames
+and the record are one critical section, under an ``flock`` of the key's lock file (one of
+:data:`LOCK_STRIPES`, by a hash of the key; the sidecar's own objects share ``.sidecar-lock``), so
+an older put that finishes last never replaces a newer one, in this process or another. Deletes
+take the same lock.
+
+The base (``SIDECAR_STORE``) may itself be reached through a symlink: a mount point often is, and
+it is the operator's own setting. Below it nothing is followed: every directory (the prefix's
+segments, roots, nested directories, the records' tree, the lock files' directory) is opened one
+component at a time with ``O_NOFOLLOW``, relative to its parent's descriptor; missing ones are
+made, but the base only by :meth:`open`. A symlink planted there is neither followed nor removed:
+a put or delete that would pass through it (or replace it) fails with one line naming it and the
+key, and so does a get through one on the data's way; a listing does not descend into one, and one
+on the namespace's own path fails every operation. Records and data files are read only when they
+are regular files of bounded size reached so (a FIFO or a link to ``/dev/zero`` is refused); a
+record that cannot be read leaves its object unverified.
 A store holds a key or a directory of keys at one path, never both: a put replaces a stale object
 standing where its directory goes (``a`` before ``a/b``), or the stale objects below a directory
 standing where it goes. A writer's first put removes the temp files a crash left behind.
@@ -38,8 +53,9 @@ import secrets
 import shutil
 import stat
 import threading
+from contextlib import contextmanager
 from itertools import islice
-from typing import AsyncIterator, Iterator
+from typing import AsyncIterator, Generator, Iterator
 
 import anyio
 import anyio.to_thread
@@ -57,6 +73,11 @@ NAME_MAX = 255  # bytes in one file name (ext4, xfs, tmpfs, NFS, SMB)
 OWN_PREFIX = OWN_NAMESPACE + "/"
 #: File mtimes below this are stamps, not wall-clock times (2^52 ns is in 1970).
 MAX_STAMP_MTIME = 2**52
+#: In ``.sidecar-meta/``: the own objects' lock, and the data keys' lock files (a prefix of).
+OWN_LOCK = ".sidecar-lock"
+KEY_LOCK_PREFIX = ".sidecar-lock-"
+#: Data keys hash to this many lock files: puts of different keys rarely wait for each other.
+LOCK_STRIPES = 64
 
 
 def _bounded(value: object) -> int:
@@ -68,36 +89,103 @@ def _bounded(value: object) -> int:
 #: A metadata record is a small JSON object; anything larger is not one of ours.
 MAX_RECORD_BYTES = 4096
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+RACE_ATTEMPTS = 10  # makedirs/open retries against concurrent pruning of empty directories
 
 
-def _open_regular(path: str) -> int:
-    """An fd of ``path`` when it is a regular file (never a symlink, FIFO or device: opening
-    those could block or read without end). FileNotFoundError when missing, OSError(EINVAL) when
-    it is something else."""
+class _Link(Exception):
+    """A symlink where the store needs a directory or a file of its own: never followed.
+    ``where`` is its path below the store's base."""
+
+    def __init__(self, where: str) -> None:
+        super().__init__(where)
+        self.where = where
+
+
+def _lstat_at(dfd: int, name: str) -> os.stat_result | None:
     try:
-        fd = os.open(path, _READ_FLAGS)
-    except OSError as e:
-        if e.errno == errno.ELOOP:  # a symlink
-            raise OSError(errno.EINVAL, "a symlink, not a stored file", path) from None
+        return os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+
+
+def _child_dir(dfd: int, name: str, where: str) -> int:
+    """The directory ``name`` under ``dfd``, never through a symlink (:class:`_Link`);
+    FileNotFoundError when missing, NotADirectoryError when something else stands there."""
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=dfd)
+    except NotADirectoryError:  # O_NOFOLLOW|O_DIRECTORY answers ENOTDIR for a symlink too
+        st = _lstat_at(dfd, name)
+        if st is not None and stat.S_ISLNK(st.st_mode):
+            raise _Link(where) from None
         raise
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise _Link(where) from None
+        raise
+
+
+def _open_dir(top: str, parts: list[str], create: bool) -> int:
+    """A descriptor of ``top/parts...``, opened one component at a time without following a
+    symlink below ``top`` (``top`` itself may be one); missing directories are made when
+    ``create``, again when a concurrent delete prunes them meanwhile."""
+    for attempt in range(RACE_ATTEMPTS):
+        fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            for i, part in enumerate(parts):
+                where = "/".join(parts[:i + 1])
+                try:
+                    nfd = _child_dir(fd, part, where)
+                except FileNotFoundError:
+                    if not create:
+                        raise
+                    try:
+                        os.mkdir(part, 0o777, dir_fd=fd)
+                    except FileExistsError:
+                        pass
+                    nfd = _child_dir(fd, part, where)
+                os.close(fd)
+                fd = nfd
+            return fd
+        except FileNotFoundError:
+            os.close(fd)
+            if not create or attempt == RACE_ATTEMPTS - 1:
+                raise
+        except BaseException:
+            os.close(fd)
+            raise
+    raise AssertionError("unreachable")
+
+
+def _rel_parts(path: str, top: str) -> list[str]:
+    return os.path.relpath(path, top).split(os.sep)
+
+
+def _read_record_at(dfd: int | None, name: str) -> dict | None:
+    """A metadata record, or None when there is none that can be read safely: missing, not a
+    regular file (a symlink, a FIFO), too large, or not a small JSON object."""
+    if dfd is None:
+        return None
+    try:
+        fd = os.open(name, _READ_FLAGS, dir_fd=dfd)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        raw = os.read(fd, MAX_RECORD_BYTES + 1)
+    except OSError:
+        return None
+    finally:
         os.close(fd)
-        raise OSError(errno.EINVAL, "not a regular file", path)
-    return fd
-
-
-def _read_record(path: str) -> dict:
-    """A metadata record; ValueError when it is not a small JSON object, OSError when unreadable."""
-    fd = _open_regular(path)
-    with os.fdopen(fd, "rb") as f:
-        raw = f.read(MAX_RECORD_BYTES + 1)
     if len(raw) > MAX_RECORD_BYTES:
-        raise ValueError("record too large")
-    rec = json.loads(raw)
-    if not isinstance(rec, dict):
-        raise ValueError("record is not an object")
-    return rec
+        return None
+    try:
+        rec = json.loads(raw)
+    except ValueError:
+        return None
+    return rec if isinstance(rec, dict) else None
 
 
 def _meta_name(name: str) -> str:
@@ -112,77 +200,120 @@ def _meta_path(top: str, rel: str) -> str:
     return os.path.join(top, META_DIR, *([head] if head else []), _meta_name(name))
 
 
-RACE_ATTEMPTS = 10  # makedirs/open retries against concurrent pruning of empty directories
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_nearest_dir(path: str, top: str) -> None:
-    """fsync ``path``, or, when a concurrent delete has pruned it already, its nearest existing
-    ancestor (at most ``top``): the directory entry that changed last lives there."""
-    while True:
-        try:
-            _fsync_dir(path)
-            return
-        except (FileNotFoundError, NotADirectoryError):
-            if path == top or not path.startswith(top):
-                raise
-            path = os.path.dirname(path)
+def _fsync_dir(fd: int) -> None:
+    os.fsync(fd)
 
 
 def _remove_durably(path: str, top: str) -> None:
-    """Unlink ``path`` (if there) and fsync its directory (or, when a concurrent delete has pruned
-    it, its nearest existing ancestor)."""
+    """Unlink ``path`` (if there) and fsync its directory, reached from ``top`` without following
+    a symlink (:class:`_Link`, also for a symlink at ``path`` itself: it is not removed)."""
+    *head, name = _rel_parts(path, top)
     try:
-        os.unlink(path)
-    except FileNotFoundError:
+        dfd = _open_dir(top, head, create=False)
+    except (FileNotFoundError, NotADirectoryError):
         return
-    _fsync_nearest_dir(os.path.dirname(path), top)
-
-
-def _write_atomic(path: str, data: "bytes | Source", mode: int = 0o600, mtime_ns: int | None = None) -> os.stat_result:
-    """Write ``path`` via temp + fsync + rename + dir fsync; returns the file's final status."""
-    directory = os.path.dirname(path)
-    for attempt in range(RACE_ATTEMPTS):
-        tmp = os.path.join(directory, TMP_PREFIX + secrets.token_hex(6))
+    try:
+        st = _lstat_at(dfd, name)
+        if st is None:
+            return
+        if stat.S_ISLNK(st.st_mode):
+            raise _Link("/".join(head + [name]))
         try:
-            os.makedirs(directory, exist_ok=True)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        except (FileNotFoundError, FileExistsError):
-            # A concurrent delete pruned the empty directory (or a parent) between makedirs and
-            # open, or between makedirs' mkdir and its own isdir check: make it again.
+            os.unlink(name, dir_fd=dfd)
+        except FileNotFoundError:
+            return
+        _fsync_dir(dfd)
+    finally:
+        os.close(dfd)
+
+
+def _unlink_durably(dfd: int, name: str) -> bool:
+    """Unlink ``name`` in ``dfd`` and fsync the directory; False when it was not there."""
+    try:
+        os.unlink(name, dir_fd=dfd)
+    except (FileNotFoundError, IsADirectoryError):
+        return False
+    _fsync_dir(dfd)
+    return True
+
+
+def _new_temp(dfd: int) -> tuple[str, int]:
+    name = TMP_PREFIX + secrets.token_hex(6)
+    return name, os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                         dir_fd=dfd)
+
+
+def _fill(fd: int, data: "bytes | Source", mode: int, mtime_ns: int | None) -> os.stat_result:
+    """Write ``data`` to the temp file ``fd``, set its mode and mtime, fsync and close it; its
+    final status."""
+    with os.fdopen(fd, "wb") as f:
+        if isinstance(data, bytes):
+            f.write(data)
+        else:  # streamed; raises after the last chunk if the source changed
+            for chunk in data.iter_sync():
+                f.write(chunk)
+        f.flush()
+        os.fchmod(f.fileno(), mode & 0o7777)
+        if mtime_ns is not None:
+            os.utime(f.fileno(), ns=(mtime_ns, mtime_ns))
+        os.fsync(f.fileno())
+        return os.fstat(f.fileno())
+
+
+def _temp_in(top: str, parts: list[str]) -> tuple[int, str, int]:
+    """A new temp file in the directory ``top/parts...`` (made if missing, never through a
+    symlink): the directory's descriptor, the temp's name and its descriptor."""
+    for attempt in range(RACE_ATTEMPTS):
+        dfd = _open_dir(top, parts, create=True)
+        try:
+            name, fd = _new_temp(dfd)
+        except FileNotFoundError:
+            # A concurrent delete pruned the empty directory between its open and the temp's
+            # creation: make it again. (Once the temp is in it, it is not empty any more.)
+            os.close(dfd)
             if attempt == RACE_ATTEMPTS - 1:
                 raise
             continue
-        try:
-            with os.fdopen(fd, "wb") as f:
-                if isinstance(data, bytes):
-                    f.write(data)
-                else:  # streamed; raises after the last chunk if the source changed
-                    for chunk in data.iter_sync():
-                        f.write(chunk)
-                f.flush()
-                os.fchmod(f.fileno(), mode & 0o7777)
-                if mtime_ns is not None:
-                    os.utime(f.fileno(), ns=(mtime_ns, mtime_ns))
-                os.fsync(f.fileno())
-                final = os.fstat(f.fileno())
-            os.replace(tmp, path)
         except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+            os.close(dfd)
             raise
-        _fsync_dir(directory)
-        return final
+        return dfd, name, fd
     raise AssertionError("unreachable")
+
+
+def _unlink_quietly(dfd: int, name: str) -> None:
+    try:
+        os.unlink(name, dir_fd=dfd)
+    except OSError:
+        pass
+
+
+def _write_atomic(path: str, data: "bytes | Source", mode: int = 0o600, mtime_ns: int | None = None, *,
+                  top: str) -> os.stat_result:
+    """Write ``path`` via temp + fsync + rename + dir fsync, reaching its directory from ``top``
+    without following a symlink; returns the file's final status."""
+    *head, name = _rel_parts(path, top)
+    dfd, tmp, fd = _temp_in(top, head)
+    try:
+        try:
+            final = _fill(fd, data, mode, mtime_ns)
+            if (st := _lstat_at(dfd, name)) is not None and stat.S_ISLNK(st.st_mode):
+                raise _Link("/".join(head + [name]))  # rename would replace it: not ours to remove
+            os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            _unlink_quietly(dfd, tmp)
+            raise
+        _fsync_dir(dfd)
+        return final
+    finally:
+        os.close(dfd)
+
+
+def _lock_name(key: str) -> str:
+    if key.startswith(OWN_PREFIX):
+        return OWN_LOCK  # the same file as releases that lock only their own objects
+    stripe = int.from_bytes(hashlib.sha256(key.encode("utf-8", "surrogateescape")).digest()[:4], "big")
+    return f"{KEY_LOCK_PREFIX}{stripe % LOCK_STRIPES:02d}"
 
 
 class DirectoryStore:
@@ -194,77 +325,204 @@ class DirectoryStore:
         self.base = os.path.abspath(base)
         self.prefix = prefix.strip("/")
         self.top = os.path.join(self.base, self.prefix) if self.prefix else self.base
+        self._prefix_parts = self.prefix.split("/") if self.prefix else []
+        self._bad_prefix = ""
+        if self.prefix:
+            try:
+                validate_relpath(self.prefix)
+            except UnsafeKey as e:
+                self._bad_prefix = str(e)
         self.description = f"file://{self.top}"
         self._limiter = anyio.CapacityLimiter(32)
         self._temps_cleaned = False
         self._temps_lock = threading.Lock()  # a writer's first puts run at once: one cleans, all wait
 
     # -- helpers ---------------------------------------------------------------------------
-    def _paths(self, key: str) -> tuple[str, str]:
+    def _parts(self, key: str) -> list[str]:
         try:
             parts = validate_relpath(key)
         except UnsafeKey as e:
             raise StoreError(f"refusing unsafe key: {e}") from None
         if parts[0] in (META_DIR,) or any(p.startswith(TMP_PREFIX) for p in parts):
             raise StoreError(f"refusing reserved key {key!r}")
+        return parts
+
+    def _paths(self, key: str) -> tuple[str, str]:
+        """The data file's and the record's absolute paths, as :func:`_write_atomic` and
+        :func:`_remove_durably` take them (with :attr:`base` as their ``top``)."""
+        parts = self._parts(key)
         return os.path.join(self.top, *parts), _meta_path(self.top, "/".join(parts))
 
-    def _clear_way(self, path: str, data: bool) -> None:
-        """Make sure nothing below ``top`` on the way to ``path`` is a symlink (StoreError naming
-        it), and, for a data path, that no stale object stands in it: a file where a directory
-        goes, or a directory of objects where a file goes (removed with their records)."""
-        rel = os.path.relpath(path, self.top).split(os.sep)
-        here = self.top
-        for i, part in enumerate(rel):
-            here = os.path.join(here, part)
-            try:
-                st = os.lstat(here)
-            except (FileNotFoundError, NotADirectoryError):
+    def _ns(self, create: bool = False) -> int:
+        """A descriptor of the namespace's directory (``<base>/<prefix>``), never through a
+        symlink below the base."""
+        return self._dir([], create)
+
+    def _dir(self, parts: list[str], create: bool = False) -> int:
+        if self._bad_prefix:
+            raise StoreError(f"directory store {self.base}: refusing the prefix: {self._bad_prefix}")
+        return _open_dir(self.base, self._prefix_parts + parts, create)
+
+    def _where(self, parts: list[str]) -> str:
+        return "/".join(self._prefix_parts + parts)
+
+    def _refused(self, e: _Link, key: str | None) -> StoreError:
+        on_the_way = f" (on the way to {key!r})" if key else ""
+        return StoreError(f"directory store {self.base}: refusing to follow the symlink {e.where!r} inside the "
+                          f"store{on_the_way}; remove it")
+
+    @contextmanager
+    def _locked(self, key: str) -> Iterator[None]:
+        """An exclusive ``flock`` of ``key``'s lock file for the block, so that two writers'
+        check-then-replace of one key never interleave (two sidecars claiming the owner marker at
+        once would otherwise both pass the stamp check, and an older put finishing last would
+        replace a newer one). Across hosts this holds where the shared filesystem honours flock,
+        as NFS does. Blocking: called in a worker thread only."""
+        dfd = self._dir([META_DIR], create=True)
+        name = _lock_name(key)
+        try:
+            fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise _Link(self._where([META_DIR, name])) from None
+            raise
+        finally:
+            os.close(dfd)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise StoreError(f"directory store {self.base}: the lock file "
+                                 f"{self._where([META_DIR, name])!r} is not a regular file; remove it")
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    def _has_record(self, rel: str) -> bool:
+        *head, name = rel.split("/")
+        try:
+            rfd = self._dir([META_DIR, *head])
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        try:
+            st = _lstat_at(rfd, _meta_name(name))
+            return st is not None and stat.S_ISREG(st.st_mode)
+        finally:
+            os.close(rfd)
+
+    def _clear_way(self, parts: list[str]) -> None:
+        """Make sure nothing on the way to the key ``parts`` is a symlink (:class:`_Link`), and
+        that no stale object stands in it: a file where a directory goes, or a directory of
+        objects where a file goes (removed with their records)."""
+        try:
+            fd = self._ns()
+        except FileNotFoundError:
+            return
+        try:
+            for i, part in enumerate(parts):
+                rel = "/".join(parts[:i + 1])
+                st = _lstat_at(fd, part)
+                if st is None:
+                    return
+                last = i == len(parts) - 1
+                if stat.S_ISLNK(st.st_mode):
+                    raise _Link(self._where(parts[:i + 1]))
+                if not last and stat.S_ISREG(st.st_mode):  # an object "a" where "a/b" must go
+                    self._check_objects(rel, [rel])
+                    os.unlink(part, dir_fd=fd)
+                    _fsync_dir(fd)
+                    _remove_durably(_meta_path(self.top, rel), self.base)
+                    return
+                if last and stat.S_ISDIR(st.st_mode):  # objects "a/..." where "a" must go
+                    sub = _child_dir(fd, part, self._where(parts))
+                    try:
+                        below = self._files_below(sub, parts)
+                    finally:
+                        os.close(sub)
+                    self._check_objects(rel, below)
+                    shutil.rmtree(part, dir_fd=fd)
+                    self._remove_record_tree(parts)
+                    _fsync_dir(fd)
+                    return
+                if last or not stat.S_ISDIR(st.st_mode):
+                    return  # (something else in the way: the open that follows names it)
+                nfd = _child_dir(fd, part, self._where(parts[:i + 1]))
+                os.close(fd)
+                fd = nfd
+        finally:
+            os.close(fd)
+
+    def _files_below(self, dfd: int, parts: list[str]) -> list[str]:
+        """The keys of the files below the directory ``dfd`` (the key path ``parts``); a symlink
+        among them is :class:`_Link` (it is not ours to remove)."""
+        out: list[str] = []
+        for entry in list(os.scandir(dfd)):
+            sub = parts + [entry.name]
+            if entry.is_symlink():
+                raise _Link(self._where(sub))
+            if entry.is_dir(follow_symlinks=False):
+                cfd = _child_dir(dfd, entry.name, self._where(sub))
+                try:
+                    out += self._files_below(cfd, sub)
+                finally:
+                    os.close(cfd)
+            elif not entry.name.startswith(TMP_PREFIX):
+                out.append("/".join(sub))
+        return out
+
+    def _remove_record_tree(self, parts: list[str]) -> None:
+        """Remove the records' directory of the (removed) directory of objects ``parts``."""
+        try:
+            rfd = self._dir([META_DIR, *parts[:-1]])
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        try:
+            st = _lstat_at(rfd, parts[-1])
+            if st is None:
                 return
-            last = i == len(rel) - 1
             if stat.S_ISLNK(st.st_mode):
-                raise StoreError(f"directory store {self.top}: refusing to follow the symlink "
-                                 f"{'/'.join(rel[:i + 1])!r} inside the store; remove it")
-            if not data:
-                continue
-            if not last and stat.S_ISREG(st.st_mode):  # an object "a" where "a/b" must go
-                self._check_objects(here, ["/".join(rel[:i + 1])])
-                _remove_durably(here, self.top)
-                _remove_durably(_meta_path(self.top, "/".join(rel[:i + 1])), self.top)
-                return
-            if last and stat.S_ISDIR(st.st_mode):  # objects "a/..." where "a" must go
-                below = []
-                for dirpath, _dirs, files in os.walk(here):
-                    below += [os.path.relpath(os.path.join(dirpath, f), self.top) for f in files]
-                self._check_objects(here, below)
-                shutil.rmtree(here)
-                shutil.rmtree(os.path.join(self.top, META_DIR, *rel), ignore_errors=True)
-                _fsync_dir(os.path.dirname(here))
+                raise _Link(self._where([META_DIR, *parts]))
+            if stat.S_ISDIR(st.st_mode):
+                sub = _child_dir(rfd, parts[-1], self._where([META_DIR, *parts]))
+                try:
+                    self._files_below(sub, [META_DIR, *parts])  # refuses a symlink among them
+                finally:
+                    os.close(sub)
+                shutil.rmtree(parts[-1], dir_fd=rfd)
+                _fsync_dir(rfd)
+        finally:
+            os.close(rfd)
 
     def _check_objects(self, where: str, keys: list[str]) -> None:
         """Only stored objects (with their records) may be replaced: anything else in the way is
         not ours to remove."""
         for key in keys:
-            if not os.path.exists(_meta_path(self.top, key)):
-                raise StoreError(f"directory store {self.top}: {os.path.relpath(where, self.top)!r} is in the way "
+            if not self._has_record(key):
+                raise StoreError(f"directory store {self.top}: {where!r} is in the way "
                                  "and is not a stored object (something else wrote it); remove it")
 
     def _clean_temps(self) -> None:
         """Remove the temp files that crashed writers left (once, before this writer's first put)."""
-        for dirpath, dirnames, filenames in os.walk(self.top):  # os.walk follows no symlinks
-            for name in filenames:
-                if name.startswith(TMP_PREFIX):
-                    try:
-                        os.unlink(os.path.join(dirpath, name))
-                    except OSError:
-                        pass
+        try:
+            fd = self._ns()
+        except (FileNotFoundError, NotADirectoryError):
+            self._temps_cleaned = True
+            return
+        try:
+            for _dirpath, _dirnames, filenames, dirfd in os.fwalk(".", dir_fd=fd):  # follows no symlink
+                for name in filenames:
+                    if name.startswith(TMP_PREFIX) and (st := _lstat_at(dirfd, name)) and stat.S_ISREG(st.st_mode):
+                        _unlink_quietly(dirfd, name)
+        finally:
+            os.close(fd)
         self._temps_cleaned = True
 
-    async def _run(self, fn, *args):
+    async def _run(self, fn, *args, key: str | None = None):
         try:
             return await anyio.to_thread.run_sync(fn, *args, limiter=self._limiter)
         except (NotFound, StoreError):
             raise
+        except _Link as e:
+            raise self._refused(e, key) from None
         except OSError as e:
             raise self._error(e) from None
 
@@ -284,80 +542,106 @@ class DirectoryStore:
         def check() -> None:
             if not self.create:
                 try:
-                    st = os.stat(self.top)
+                    fd = self._ns()
                 except FileNotFoundError:
                     return  # not made yet: lists as empty (a path through a file or an unsearchable
                     # directory raises instead: what cannot be read is never taken for empty)
-                if not stat.S_ISDIR(st.st_mode):
-                    raise NotADirectoryError(errno.ENOTDIR, "not a directory", self.top)
-                if not os.access(self.top, os.R_OK | os.X_OK):
-                    raise PermissionError(errno.EACCES, "not readable", self.top)
+                try:
+                    if not os.access(".", os.R_OK | os.X_OK, dir_fd=fd):
+                        raise PermissionError(errno.EACCES, "not readable", self.top)
+                finally:
+                    os.close(fd)
                 return
-            os.makedirs(self.top, exist_ok=True)
-            if not os.access(self.top, os.W_OK | os.X_OK):
-                raise PermissionError(errno.EACCES, "not writable", self.top)
+            os.makedirs(self.base, exist_ok=True)
+            fd = self._ns(create=True)
+            try:
+                if not os.access(".", os.W_OK | os.X_OK, dir_fd=fd):
+                    raise PermissionError(errno.EACCES, "not writable", self.top)
+            finally:
+                os.close(fd)
 
-        await self._run(check)
+        await self._run(check, key=self.prefix)
 
     async def put(self, key: str, data: bytes | Source, meta: ObjectMeta, if_version: int | None = None) -> ObjectInfo:
-        data_path, meta_path = self._paths(key)
+        parts = self._parts(key)
+        _data_path, meta_path = self._paths(key)
 
         def write() -> ObjectInfo:
             if not self._temps_cleaned:
                 with self._temps_lock:
                     if not self._temps_cleaned:
                         self._clean_temps()
-            self._clear_way(data_path, data=True)
-            self._clear_way(meta_path, data=False)
-            # A stale upload never replaces a newer version (mtime_ns is the version stamp).
+            self._clear_way(parts)
+            # The bytes go to a temp file beside the target with no lock held.
+            dfd, tmp, fd = _temp_in(self.base, self._prefix_parts + parts[:-1])
+            renamed = False
             try:
-                st = os.stat(data_path, follow_symlinks=False)
-            except (FileNotFoundError, NotADirectoryError):
-                if if_version not in (None, 0):
-                    return ObjectInfo(key, 0, None, 0, 0)  # gone since it was read: nothing written
-            else:
-                current = self._info(key, data_path, meta_path, st)
-                if current.version > meta.version or (if_version is not None and current.version != if_version):
-                    return current
-                # the old record must not outlive its bytes (see the module's docstring)
-                _remove_durably(meta_path, self.top)
-            written = _write_atomic(data_path, data, meta.mode, meta.mtime_ns)
-            record = {
-                "size": meta.size,
-                "sha256": meta.sha256,
-                "mtime_ns": meta.mtime_ns,
-                "mode": meta.mode,
-                "version": meta.version,
-                "data_mtime_ns": written.st_mtime_ns,
-            }
-            _write_atomic(meta_path, json.dumps(record).encode())
-            return ObjectInfo(key, meta.size, meta.sha256, meta.mtime_ns, meta.mode, str(written.st_mtime_ns),
-                              meta.version)
+                written = _fill(fd, data, meta.mode, meta.mtime_ns)
+                with self._locked(key):
+                    renamed, info = self._replace(key, parts, dfd, tmp, written, meta, if_version, meta_path)
+                return info
+            finally:
+                if not renamed:  # superseded, or failed: nothing written
+                    _unlink_quietly(dfd, tmp)
+                os.close(dfd)
 
-        if key.startswith(OWN_PREFIX):  # the owner marker, bundles: see _locked
-            return await self._run(lambda: self._locked(write))
-        return await self._run(write)
+        return await self._run(write, key=key)
 
-    def _locked(self, fn):
-        """``fn()`` under an exclusive ``flock`` on the store's lock file, so that two writers'
-        check-then-replace of the same object never interleave: two sidecars claiming the owner
-        marker at once would otherwise both pass the stamp check, and the lower stamp could land
-        last. (Across hosts this holds where the shared filesystem honours flock, as NFS does.)"""
-        lock_dir = os.path.join(self.top, META_DIR)
-        os.makedirs(lock_dir, exist_ok=True)
-        fd = os.open(os.path.join(lock_dir, ".sidecar-lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    def _replace(self, key: str, parts: list[str], dfd: int, tmp: str, written: os.stat_result, meta: ObjectMeta,
+                 if_version: int | None, meta_path: str) -> tuple[bool, ObjectInfo]:
+        """The critical section of a put (under the key's lock): the version check, then the
+        old record's removal, the rename of the temp file ``tmp`` (in ``dfd``) over the key, and
+        the new record. Whether the temp was renamed, and the stored object's info."""
+        name = parts[-1]
+        st = _lstat_at(dfd, name)
+        if st is not None and stat.S_ISLNK(st.st_mode):
+            raise _Link(self._where(parts))
+        if st is None or not stat.S_ISREG(st.st_mode):
+            if if_version not in (None, 0):
+                return False, ObjectInfo(key, 0, None, 0, 0)  # gone since it was read: nothing written
+        else:
+            # A stale upload never replaces a newer version.
+            current = self._info(key, st, self._record(parts))
+            if current.version > meta.version or (if_version is not None and current.version != if_version):
+                return False, current
+        # the old record must not outlive its bytes (see the module's docstring)
+        _remove_durably(meta_path, self.base)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            return fn()
-        finally:
-            os.close(fd)  # releases the lock
+            os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except IsADirectoryError:
+            raise StoreError(f"directory store {self.top}: {key!r} became a directory while it was written") from None
+        _fsync_dir(dfd)
+        record = {
+            "size": meta.size,
+            "sha256": meta.sha256,
+            "mtime_ns": meta.mtime_ns,
+            "mode": meta.mode,
+            "version": meta.version,
+            "data_mtime_ns": written.st_mtime_ns,
+        }
+        _write_atomic(meta_path, json.dumps(record).encode(), top=self.base)
+        return True, ObjectInfo(key, meta.size, meta.sha256, meta.mtime_ns, meta.mode, str(written.st_mtime_ns),
+                                meta.version)
 
-    def _info(self, key: str, data_path: str, meta_path: str, st: os.stat_result) -> ObjectInfo:
+    def _record(self, parts: list[str]) -> dict | None:
+        """The key ``parts``' record, or None when there is none that can be read (a symlink on
+        its way is never followed: the object is then unverified)."""
+        try:
+            rfd = self._dir([META_DIR, *parts[:-1]])
+        except (OSError, _Link):
+            return None
+        try:
+            return _read_record_at(rfd, _meta_name(parts[-1]))
+        finally:
+            os.close(rfd)
+
+    def _info(self, key: str, st: os.stat_result, rec: dict | None) -> ObjectInfo:
         own = key.startswith(OWN_PREFIX)
         # a stamp is never a wall-clock time (see fence.next_stamp): a copied file's mtime is not one
         version = st.st_mtime_ns if own and 0 <= st.st_mtime_ns < MAX_STAMP_MTIME else 0
         try:
-            rec = _read_record(meta_path)
+            if rec is None:
+                raise KeyError("no record")
             if not isinstance(rec["sha256"], str):
                 raise TypeError("no sha256")  # a record that vouches for nothing: unverified
             version = _bounded(rec.get("version", 0 if not own else rec.get("mtime_ns", 0)))
@@ -369,7 +653,7 @@ class DirectoryStore:
                 key, st.st_size, str(rec["sha256"]), _bounded(rec["mtime_ns"]), int(rec["mode"]) & 0o7777,
                 str(st.st_mtime_ns), version,
             )
-        except (OSError, ValueError, KeyError, TypeError, OverflowError):
+        except (ValueError, KeyError, TypeError, OverflowError):
             pass
         return ObjectInfo(key, st.st_size, None, st.st_mtime_ns, st.st_mode & 0o7777, str(st.st_mtime_ns), version)
 
@@ -379,10 +663,10 @@ class DirectoryStore:
             with os.fdopen(fd, "rb") as f:
                 return f.read(), info
 
-        return await self._run(read)
+        return await self._run(read, key=key)
 
     async def get_stream(self, key: str) -> tuple[ObjectInfo, AsyncIterator[bytes]]:
-        fd, info = await self._run(self._open_object, key)
+        fd, info = await self._run(self._open_object, key, key=key)
 
         async def chunks() -> AsyncIterator[bytes]:
             try:
@@ -395,85 +679,154 @@ class DirectoryStore:
 
     def _open_object(self, key: str) -> tuple[int, ObjectInfo]:
         """An open descriptor of ``key``'s data file and its info (never through a symlink)."""
-        data_path, meta_path = self._paths(key)
-        self._clear_way(data_path, data=False)
+        parts = self._parts(key)
         try:
-            fd = _open_regular(data_path)
+            dfd = self._dir(parts[:-1])
         except (FileNotFoundError, NotADirectoryError):
             raise NotFound(key) from None
-        except OSError as e:
-            if e.errno == errno.EINVAL:
-                raise StoreError(f"directory store {self.top}: {key!r} is {e.strerror}") from None
-            raise
         try:
-            return fd, self._info(key, data_path, meta_path, os.fstat(fd))
+            try:
+                fd = os.open(parts[-1], _READ_FLAGS, dir_fd=dfd)
+            except (FileNotFoundError, NotADirectoryError):
+                raise NotFound(key) from None
+            except OSError as e:
+                if e.errno == errno.ELOOP:
+                    raise _Link(self._where(parts)) from None
+                raise
+        finally:
+            os.close(dfd)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise StoreError(f"directory store {self.top}: {key!r} is not a regular file")
+            return fd, self._info(key, st, self._record(parts))
         except BaseException:
             os.close(fd)
             raise
+
+    def _walk(self, prefix: str) -> Generator[ObjectInfo, None, None]:
+        try:
+            fd = self._ns()
+        except FileNotFoundError:
+            return
+        try:
+            try:
+                rfd: int | None = _child_dir(fd, META_DIR, self._where([META_DIR]))
+            except (OSError, _Link):
+                rfd = None  # no records (or none that can be read): every object unverified
+            try:
+                yield from self._walk_dir(fd, rfd, [], prefix)
+            finally:
+                if rfd is not None:
+                    os.close(rfd)
+        finally:
+            os.close(fd)
+
+    def _walk_dir(self, dfd: int, rfd: int | None, parts: list[str], prefix: str) -> Iterator[ObjectInfo]:
+        """The objects below the directory ``dfd`` (key path ``parts``; ``rfd``: its records'
+        directory, or None), depth first: it holds one descriptor per level. A symlink is neither
+        listed nor descended into."""
+        for entry in list(os.scandir(dfd)):
+            if entry.name.startswith(TMP_PREFIX) or (not parts and entry.name == META_DIR):
+                continue
+            sub = parts + [entry.name]
+            rel = "/".join(sub)
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    if not (prefix.startswith(rel + "/") or rel.startswith(prefix)):
+                        continue
+                    try:
+                        cfd = _child_dir(dfd, entry.name, self._where(sub))
+                    except (FileNotFoundError, NotADirectoryError, _Link):
+                        continue  # gone, or replaced meanwhile
+                    crfd: int | None = None
+                    if rfd is not None:
+                        try:
+                            crfd = _child_dir(rfd, entry.name, self._where([META_DIR, *sub]))
+                        except (OSError, _Link):
+                            crfd = None
+                    try:
+                        yield from self._walk_dir(cfd, crfd, sub, prefix)
+                    finally:
+                        os.close(cfd)
+                        if crfd is not None:
+                            os.close(crfd)
+                elif entry.is_file(follow_symlinks=False) and rel.startswith(prefix):
+                    st = entry.stat(follow_symlinks=False)
+                    yield self._info(rel, st, _read_record_at(rfd, _meta_name(entry.name)))
+            except FileNotFoundError:
+                continue
+
+    async def delete(self, key: str) -> None:
+        parts = self._parts(key)
+
+        def remove() -> None:
+            try:
+                os.close(self._ns())
+            except FileNotFoundError:
+                return  # nothing stored here yet (and nothing made for a delete)
+            with self._locked(key):
+                # both ways are checked before either file is removed: a refusal changes nothing
+                found: list[tuple[int, str]] = []
+                try:
+                    for target, data in ((parts, True), ([META_DIR, *parts[:-1], _meta_name(parts[-1])], False)):
+                        if (where := self._target(target, data)) is not None:
+                            found.append(where)
+                    removed = [_unlink_durably(*where) for where in found]
+                finally:
+                    for dfd, _name in found:
+                        os.close(dfd)
+            if not any(removed):
+                return
+            # Prune directories left empty, up to (not including) the namespace and its records.
+            self._prune(parts[:-1])
+            self._prune([META_DIR, *parts[:-1]], keep=1)
+
+        await self._run(remove, key=key)
+
+    def _target(self, parts: list[str], data: bool) -> tuple[int, str] | None:
+        """The open directory and name of the file ``parts`` (below the namespace) to remove, or
+        None when it is not there (for data: a directory of other keys standing there means this
+        object is gone); :class:`_Link` when a symlink is on its way or in its place."""
+        try:
+            dfd = self._dir(parts[:-1])
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        st = _lstat_at(dfd, parts[-1])
+        if st is not None and stat.S_ISLNK(st.st_mode):
+            os.close(dfd)
+            raise _Link(self._where(parts))
+        if st is None or (data and stat.S_ISDIR(st.st_mode)):
+            os.close(dfd)
+            return None
+        return dfd, parts[-1]
+
+    def _prune(self, dirs: list[str], keep: int = 0) -> None:
+        """Remove the directories ``dirs`` (below the namespace) left empty, deepest first, but
+        never the first ``keep`` of them."""
+        for depth in range(len(dirs), keep, -1):
+            try:
+                pfd = self._dir(dirs[:depth - 1])
+            except (OSError, _Link):
+                return
+            try:
+                os.rmdir(dirs[depth - 1], dir_fd=pfd)  # refuses a symlink (ENOTDIR) or a full one
+            except OSError:
+                return
+            finally:
+                os.close(pfd)
 
     async def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:
         """Walked in a worker thread LIST_BATCH entries at a time, each batch yielded as it is read:
         a restore starts downloading while the walk goes on (on NFS or Azure Files every entry
         costs a stat and a metadata read over the network)."""
         walker = self._walk(prefix)
-        while batch := await self._run(lambda: list(islice(walker, LIST_BATCH))):
-            for info in batch:
-                yield info
-
-    def _walk(self, prefix: str) -> Iterator[ObjectInfo]:
-        if not os.path.isdir(self.top):
-            return
-        stack = [("", self.top)]
-        while stack:
-            rel_dir, abs_dir = stack.pop()
-            try:
-                entries = list(os.scandir(abs_dir))
-            except FileNotFoundError:
-                continue
-            for entry in entries:
-                if entry.name.startswith(TMP_PREFIX) or (not rel_dir and entry.name == META_DIR):
-                    continue
-                rel = f"{rel_dir}/{entry.name}" if rel_dir else entry.name
-                if entry.is_dir(follow_symlinks=False):
-                    if prefix.startswith(rel + "/") or rel.startswith(prefix) or not prefix:
-                        stack.append((rel, entry.path))
-                elif entry.is_file(follow_symlinks=False) and rel.startswith(prefix):
-                    try:
-                        st = entry.stat(follow_symlinks=False)
-                    except FileNotFoundError:
-                        continue
-                    meta_path = _meta_path(self.top, rel)
-                    yield self._info(rel, entry.path, meta_path, st)
-
-    async def delete(self, key: str) -> None:
-        data_path, meta_path = self._paths(key)
-
-        def remove() -> None:
-            self._clear_way(data_path, data=False)
-            self._clear_way(meta_path, data=False)
-            removed = False
-            for p in (data_path, meta_path):
-                try:
-                    if p == data_path and not stat.S_ISREG(os.lstat(p).st_mode):
-                        continue  # a directory of other keys stands there now: this object is gone
-                    os.unlink(p)
-                    removed = True
-                except (FileNotFoundError, NotADirectoryError):
-                    pass
-            if not removed:
-                return
-            _fsync_nearest_dir(os.path.dirname(data_path), self.top)
-            # Prune directories left empty, up to (not including) the store's top.
-            for p in (data_path, meta_path):
-                d = os.path.dirname(p)
-                while d not in (self.top, os.path.join(self.top, META_DIR)) and d.startswith(self.top):
-                    try:
-                        os.rmdir(d)
-                    except OSError:
-                        break
-                    d = os.path.dirname(d)
-
-        await self._run(remove)
+        try:
+            while batch := await self._run(lambda: list(islice(walker, LIST_BATCH)), key=prefix):
+                for info in batch:
+                    yield info
+        finally:
+            walker.close()  # closes the directories it holds open
 
     async def aclose(self) -> None:
         return None
