@@ -10,12 +10,15 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+
+from sidecar.config import SETTING_NAMES
 
 from .conftest import K8S_DIR, REPO
 
@@ -159,3 +162,45 @@ def test_aca_placeholder_check_finds_a_placeholder_left(tmp_path, name):
     assert lines, proc.stdout + proc.stderr
     for line in lines:  # only the unfilled value, never a comment
         assert "<storage-account>" in line and not line.split(":", 1)[1].lstrip().startswith("#"), line
+
+
+# -- Foundry hosted agents -------------------------------------------------------------------------
+
+FOUNDRY_README = REPO / "deploy" / "foundry" / "README.md"
+
+
+def foundry_fill_and_check(tmp_path: Path, drop: str | None = None) -> subprocess.CompletedProcess:
+    (fill,) = guide_commands(FOUNDRY_README, r"^sed ")
+    (check,) = guide_commands(FOUNDRY_README, r"no placeholders left")
+    if drop:
+        fill, n = re.subn(r'-e "s#' + re.escape(drop) + r'#[^"]*#g" ', "", fill)
+        assert n == 1, fill
+    out = tmp_path / "agent-version.json"
+    script = "\n".join(c.replace("/tmp/agent-version.json", str(out)) for c in (fill, check))
+    return bash(script, REPO, {"ACR": ACR, "ACCOUNT": ACCOUNT, "AGENT": "my-agent"})
+
+
+def test_foundry_agent_version_once_filled(tmp_path):
+    proc = foundry_fill_and_check(tmp_path)
+    assert proc.returncode == 0 and proc.stdout.strip() == "no placeholders left", proc.stdout + proc.stderr
+    doc = json.loads((tmp_path / "agent-version.json").read_text())
+    assert doc["name"] == "my-agent"
+    definition = doc["definition"]
+    assert definition["kind"] == "hosted"
+    assert definition["container_configuration"]["image"] == f"{ACR}.azurecr.io/approval-agent-foundry:0.1.0"
+    assert definition["protocol_versions"] == [{"protocol": "responses", "version": "2.0.0"}]
+    env = definition["environment_variables"]
+    assert env["SIDECAR_STORE"] == f"https://{ACCOUNT}.blob.core.windows.net/agent-state"
+    assert all(k.startswith("SIDECAR_") for k in env), "the platform reserves FOUNDRY_* and AGENT_*; no secrets here"
+    # The sidecar accepts the variables as they are (a bad one would stop every session at start).
+    assert set(env) <= {f"SIDECAR_{name.upper()}" for name in SETTING_NAMES}
+
+
+def test_foundry_placeholder_check_finds_a_placeholder_left(tmp_path):
+    proc = foundry_fill_and_check(tmp_path, drop="<storage-account>")
+    assert "no placeholders left" not in proc.stdout and "<storage-account>" in proc.stdout, proc.stdout
+
+
+def test_foundry_guide_names_no_prune_command():
+    """`prune` does not exist yet: the recipe must not tell anyone to run it."""
+    assert "prune" not in FOUNDRY_README.read_text()
