@@ -1,4 +1,4 @@
-"""Command line: ``checkpoint-sidecar {restore,sync,run,status,probe}``.
+"""Command line: ``checkpoint-sidecar {restore,sync,run,status,probe,release}``.
 
 Parses the flags, reads one validated :class:`~sidecar.config.Settings` (environment + flags) and
 hands it to the command: :mod:`sidecar.lifecycle` runs ``restore``, ``sync`` and ``run`` (what
@@ -6,7 +6,7 @@ starts and ends them), :mod:`sidecar.status` and :mod:`sidecar.http` answer ``st
 ``probe``. Errors are one line on stderr and a non-zero exit code, never a traceback:
 
     0  success (status: in sync)        2  bad configuration or usage
-    1  runtime failure (store, restore)   75  stopped with changes still pending (sync)
+    1  runtime failure (store, restore)   75  stopped with changes still pending (sync), fenced (run)
     status: 1 when not in sync; run: the child's own code (128+N for signal N)
 """
 
@@ -36,17 +36,20 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
     "run": _ALL,
     "status": _STORE + ("ignore",) + _LOGGING,
     "probe": ("http_addr",) + _LOGGING,
+    "release": ("store", "prefix", "session_namespace") + _LOGGING,
 }
 
 EXIT_CODES = ("exit codes: 0 ok, 1 runtime failure, 2 bad configuration, 75 stopped with changes pending; "
-              "run: the child's own code, 128+N for signal N")
+              "run: the child's own code, 128+N for signal N, 75 when fenced by a newer sidecar")
 _EPILOG = {
     "restore": "0 once the state is back on disk (or nothing was stored); 1 when the store cannot be read",
     "sync": "75 when stopped with changes still pending (not flushed within SIDECAR_DRAIN_TIMEOUT)",
     "run": "the child's own exit code (128+N for signal N); 1 if the restore failed (CMD never starts), "
-           "127/126 if CMD cannot start",
+           "127/126 if CMD cannot start; 75 when a newer sidecar fenced it (CMD is stopped: SIGTERM, then SIGKILL "
+           "after SIDECAR_CHILD_STOP_GRACE)",
     "status": "0 in sync; 1 not in sync or the store cannot be reached",
     "probe": "0 ready/live; 1 not, or no answer within --timeout; 2 when SIDECAR_HTTP_ADDR is empty",
+    "release": "0 once released (or when the namespace has no owner marker); 1 when the store cannot be reached",
 }
 _ENV_NOTE = ("Every flag is also the environment variable named in its help (flags win); variables of "
              "settings a command does not use are accepted and ignored.")
@@ -168,6 +171,8 @@ def build_parser() -> _Parser:
     pr = add("probe", "exit 0 when the running sidecar is ready/live (exec probes)")
     pr.add_argument("what", choices=["ready", "live"])
     pr.add_argument("--timeout", type=_timeout, default=2.0, help="seconds to wait for the answer (default: 2)")
+    add("release", "hand the namespace over: its owner marker then names no identity, so a sidecar of any "
+                   "identity may claim it (an owner still running is fenced); instead of deleting the marker")
     return parser
 
 
@@ -249,6 +254,8 @@ def main(argv: list[str] | None = None) -> int:
             from sidecar import status  # not on the start path of the other commands
 
             return _arun(status.command, settings, roots, args.json)
+        if args.command == "release":
+            return _arun(lifecycle.release, settings, roots)
         if args.command == "probe":
             from sidecar.http import probe
 

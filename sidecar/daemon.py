@@ -114,6 +114,9 @@ class Daemon:
         self.gaps: dict[str, Gaps] = {}
         #: the store held nothing in this compute's namespace at start (None: not listed)
         self.namespace_empty: bool | None = None
+        #: the highest version stored in the namespace at start, the fence claims above it
+        #: (None: not listed, the fence lists at its claim)
+        self.stored_max_version: int | None = None
         #: roots still holding a cut-short restore (not restored again, e.g. ``--no-restore``): a
         #: fragment of the stored state, so their stored files are never deleted
         self.incomplete: set[str] = set()
@@ -138,7 +141,8 @@ class Daemon:
 
         s = self.settings
         fence = Fence(self.store, s.fence_window, s.fence_margin, identity=s.namespace.identity,
-                      namespace=s.namespace.path, on_wait=self.health.uploads_wait_until)
+                      namespace=s.namespace.path, on_wait=self.health.uploads_wait_until,
+                      floor=self.stored_max_version)
         return Uploader(self.store, self.roots, self.ignore, self.known, fence=fence, concurrency=s.concurrency,
                         max_file_size=s.max_file_size, snapshot_roots=self.snapshot_roots,
                         on_degraded=self.health.store_degraded)
@@ -163,6 +167,7 @@ class Daemon:
                                         concurrency=self.settings.concurrency, deadline=deadline,
                                         on_corrupt=self.settings.restore_corrupt, max_file_size=self.settings.max_file_size)
         self.namespace_empty = not listing.objects and not listing.bundles and not listing.unsafe
+        self.stored_max_version = listing.max_version
         assert "uploader" not in vars(self), "the uploader is made after the restore, with its listing"
         self.known = StoreState.from_listing(listing, self.snapshot_roots)  # the objects handed over, not copied
         self.health.restore = result

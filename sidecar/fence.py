@@ -21,12 +21,17 @@ reading a stamp claims ``stamp + 1``, which is above it. Protocol:
   and a fresh heartbeat. If the store refuses it (a higher generation is there), we are fenced:
   nothing more is written, and the work stays pending for the operator to see.
 
+* **versions**: a claim's generation is above every version already stored in the namespace
+  (``floor``: the highest, from the start-up listing), not only above the marker's: a lost,
+  rolled-back or copied marker, or objects copied in from another namespace, never leave this
+  sidecar's writes older than what is stored.
+
 * **identity**: the marker names the compute identity that owns the namespace (the session id, or
   the values ``SIDECAR_PREFIX`` refers to; see :mod:`sidecar.namespace`). A sidecar of another
-  identity is refused before it restores (:func:`check_identity`) and, should two start at once
-  on an empty namespace, at its claim or its next proof: it never fences the owner's successors.
-  A marker without an identity (written by an older release, or with a fixed prefix) is taken
-  over by anyone, as before.
+  identity, or of none, is refused before it restores (:func:`check_identity`) and, should two
+  start at once on an empty namespace, at its claim or its next proof: it never fences the
+  owner's successors. A marker without an identity (written by an older release, with a fixed
+  prefix, or by :func:`hand_over`) is taken over by anyone.
 
 A writer thus writes only within ``window`` seconds of proving it still owns the prefix, and a new
 owner waits ``window + margin`` after its claim before writing: time-based fencing as in lease
@@ -41,19 +46,23 @@ import json
 import secrets
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Callable
 
 import anyio
 
 from sidecar import log
 from sidecar.namespace import describe_identity
-from sidecar.store.base import OWN_NAMESPACE, NotFound, ObjectMeta, Store
+from sidecar.store.base import OWN_NAMESPACE, NotFound, ObjectMeta, Store, StoreError
 
 OWNER_KEY = f"{OWN_NAMESPACE}/owner"
 
 
 #: Bits of a version below the generation: one sidecar's writes (2^40 of them).
 VERSION_COUNTER_BITS = 40
+#: A stored version whose generation is above this is malformed (not written by a sidecar: the
+#: generations of versions below 2^63 would run out) and does not raise a claim's generation.
+MAX_FLOOR_GENERATION = 2**22
 
 
 class Fenced(Exception):
@@ -66,11 +75,18 @@ class IdentityConflict(Exception):
 
 def conflict(marker: dict, identity: dict[str, str], namespace: str) -> str | None:
     """Why a sidecar of ``identity`` must not use the namespace whose owner marker is ``marker``;
-    None when it may (same identity, or either side has none)."""
+    None when it may (the same identity, or a marker that records none). A sidecar without an
+    identity never takes a namespace whose marker records one."""
     theirs = marker_identity(marker)
-    if not theirs or not identity or theirs == identity:
+    if not theirs or theirs == identity:
         return None
-    return (f"the store namespace {namespace or '(top of the store)'!r} belongs to {describe_identity(theirs)}, "
+    where = namespace or "(top of the store)"
+    if not identity:
+        return (f"the store namespace {where!r} belongs to {describe_identity(theirs)}, and this sidecar has no "
+                "identity (no session id, and SIDECAR_PREFIX refers to no variable): it must not take over a "
+                "session's namespace. Run it with the session's identity, or hand the namespace over first: "
+                f"SIDECAR_PREFIX={namespace!r} SIDECAR_SESSION_NAMESPACE=off checkpoint-sidecar release")
+    return (f"the store namespace {where!r} belongs to {describe_identity(theirs)}, "
             f"and this sidecar is {describe_identity(identity)}: two sessions must not share a namespace. "
             "Give each its own: leave SIDECAR_PREFIX without variables and SIDECAR_SESSION_NAMESPACE=auto "
             "(one namespace per FOUNDRY_AGENT_SESSION_ID), or refer to a per-compute variable such as "
@@ -110,13 +126,33 @@ async def read_marker(store: Store) -> dict:
 
 
 async def check_identity(store: Store, identity: dict[str, str], namespace: str) -> None:
-    """Raise :class:`IdentityConflict` when the namespace's owner is of another identity. One read,
-    made only when this sidecar has an identity."""
-    if not identity:
-        return
+    """Raise :class:`IdentityConflict` when the namespace's owner is of another identity (or this
+    sidecar has none and the owner has one). One read."""
     why = conflict(await read_marker(store), identity, namespace)
     if why:
         raise IdentityConflict(why)
+
+
+def counted_version(version: int) -> int:
+    """A stored version as it counts towards a claim's floor: itself, or 0 when its generation is
+    above :data:`MAX_FLOOR_GENERATION` (no sidecar wrote it; that object is never replaced, and
+    says so as ``file_older_than_stored``)."""
+    return version if 0 <= version >> VERSION_COUNTER_BITS <= MAX_FLOOR_GENERATION else 0
+
+
+def floor_stamp(floor: int) -> int:
+    """A stamp whose next stamp (:func:`next_stamp`) has a generation above that of the stored
+    version ``floor``, so that every version written under it is above ``floor``."""
+    return (counted_version(floor) >> VERSION_COUNTER_BITS) << 32
+
+
+async def stored_max_version(store: Store) -> int:
+    """The highest counted version of any object stored in the namespace: one full listing (the
+    start-up restore's listing gives it for free, ``Listing.max_version``)."""
+    top = 0
+    async for info in store.list():
+        top = max(top, counted_version(info.version))
+    return top
 
 
 def next_stamp(current: int) -> int:
@@ -125,11 +161,49 @@ def next_stamp(current: int) -> int:
     return ((max(current, 0) >> 32) + 1) << 32 | secrets.randbelow(2**32 - 1)
 
 
+@dataclass(frozen=True)
+class Handover:
+    """What :func:`hand_over` freed."""
+
+    identity: dict[str, str]  # the owner's, as its marker recorded it ({}: none)
+    generation: int  # the generation the namespace is now held at
+    held: bool  # the owner had not released it: the next claim waits out its write window
+
+
+#: The ``owner`` a handed-over marker records (a sidecar's is a random hex id).
+HANDED_OVER = "released"
+
+
+async def hand_over(store: Store, attempts: int = 5) -> Handover | None:
+    """Free the namespace for a sidecar of any identity (``checkpoint-sidecar release``): the
+    marker is rewritten without an identity, at a higher stamp, so that an owner still running is
+    fenced at its next proof. Its heartbeat stays non-zero unless the owner had released the
+    namespace, so the next claim still waits out that owner's write window. None when there is no
+    marker: nothing to hand over. A compare-and-swap on the marker as read, tried again when a
+    claim lands in between."""
+    for _ in range(attempts):
+        current = await read_marker(store)
+        if not current:
+            return None
+        seen = _stamp(current.get(STORED_VERSION))
+        stamp = next_stamp(max(_stamp(current.get("generation")), seen))
+        held = not ("heartbeat" in current and _number(current["heartbeat"], float) == 0)
+        body = json.dumps({"generation": stamp, "owner": HANDED_OVER, "heartbeat": time.time() if held else 0}).encode()
+        info = await store.put(OWNER_KEY, body, ObjectMeta.of(body, stamp, 0o600, version=stamp), if_version=seen)
+        if info.version == stamp:
+            return Handover(marker_identity(current), stamp >> 32, held)
+    raise StoreError("the owner marker changed at every attempt (a sidecar keeps claiming this namespace): "
+                     "stop it, then release again")
+
+
 class Fence:
     def __init__(self, store: Store, window: float = 2.0, margin: float = 8.0,
                  identity: dict[str, str] | None = None, namespace: str = "",
-                 on_wait: Callable[[float | None], None] | None = None) -> None:
+                 on_wait: Callable[[float | None], None] | None = None, floor: int | None = None) -> None:
         self.store = store
+        #: the highest version stored in the namespace, the claim's generation goes above it
+        #: (None: not known, listed at the claim)
+        self.floor = floor
         self.on_wait = on_wait  # told the monotonic time our writes may begin (None: at once)
         self.identity = dict(identity or {})
         self.namespace = namespace
@@ -180,10 +254,18 @@ class Fence:
             self._claimed.set()
             log.error("fenced", detail=why)
             raise Fenced(why)
-        # above the marker's generation and the version the store keeps it at, whichever is higher
-        # (a garbled marker has only the latter)
-        previous = max(_stamp(current.get("generation")), _stamp(current.get(STORED_VERSION)))
-        stamp = next_stamp(previous)
+        if self.floor is None:
+            self.floor = await stored_max_version(self.store)
+        # above the marker's generation, the version the store keeps it at (a garbled marker has
+        # only that) and every version stored: the marker alone may be lost, rolled back or copied
+        marked = max(_stamp(current.get("generation")), _stamp(current.get(STORED_VERSION)))
+        lifted = floor_stamp(self.floor)
+        if lifted > marked:
+            log.warning("fence_generation_lifted", marker_generation=marked >> 32, stored_generation=lifted >> 32,
+                        detail="the namespace holds versions of a later generation than its owner marker (the "
+                               "marker was deleted, rolled back or copied, or objects were copied in): claimed "
+                               "above them")
+        stamp = next_stamp(max(marked, lifted))
         # a compare-and-swap on the marker as read: of two claims from one read, one lands
         if not await self._write(stamp, if_version=_stamp(current.get(STORED_VERSION))):
             self.fenced = (conflict(await self._read(), self.identity, self.namespace)
@@ -202,7 +284,7 @@ class Fence:
         wait = 0.0 if released else self.window + self.margin
         self.writable_at = now + wait
         if wait > 0:
-            log.warning("fence_wait", seconds=round(wait, 1), previous_generation=previous >> 32,
+            log.warning("fence_wait", seconds=round(wait, 1), previous_generation=marked >> 32,
                         detail="the previous sidecar did not release this namespace; our uploads wait out its "
                                "write window (SIDECAR_FENCE_WINDOW + SIDECAR_FENCE_MARGIN)")
         if self.on_wait is not None:

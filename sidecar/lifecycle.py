@@ -9,6 +9,7 @@
     spawn_child   run only: CMD, as soon as its state is in place (cannot start: 127 or 126)
     mirror        Daemon.serve: fence, upload workers, watcher, first reconcile (sync logs ready)
     wait_for_end  sync: a shutdown request; run: the child's exit, then its leftover helpers'
+                  (fenced: the child is stopped, exit 75)
     drain         Daemon.drain: shielded, bounded by SIDECAR_DRAIN_TIMEOUT, abandoned by a second signal
     close         a child still running is stopped (SIGTERM, 5 s, SIGKILL); the store is closed
 
@@ -18,11 +19,13 @@ and only ``close`` runs after it. What ends a command that got through its start
 * ``sync`` ends when :class:`Shutdown` is triggered: by SIGTERM or SIGINT, handled from the
   start, or directly (tests inject their own). Exit 0 when the drain flushed everything, 75 when
   changes were left pending. A stop during the restore cancels it: exit 1, nothing to flush.
-* ``run`` ends when its child exits, and exits with the child's code whatever the drain leaves.
-  Signals are handled only once the child exists: each is forwarded to it (SIGHUP too), and its
-  exit is what ends the wrapper. Before that they keep Python's default action (SIGTERM ends the
-  wrapper at once; SIGINT is a KeyboardInterrupt, exit 130). A failed restore means the child never
-  starts; once it has started, its helpers left running are ended before the drain.
+* ``run`` ends when its child exits, and exits with the child's code whatever the drain leaves;
+  once fenced by a newer sidecar it stops the child itself (SIGTERM, the stop grace, SIGKILL)
+  and exits 75 (:data:`EXIT_FENCED`). Signals are handled only once the child exists: each is
+  forwarded to it (SIGHUP too), and its exit is what ends the wrapper. Before that they keep
+  Python's default action (SIGTERM ends the wrapper at once; SIGINT is a KeyboardInterrupt, exit
+  130). A failed restore means the child never starts; once it has started, its helpers left
+  running are ended before the drain.
 
 The first SIGTERM/SIGINT asks for a graceful stop (drain, bounded by ``drain_timeout``); a second
 one forces it (the flush wait is abandoned), as uvicorn and hypercorn do.
@@ -54,6 +57,10 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 #: Seconds ``close`` gives a child still running after SIGTERM before it sends SIGKILL.
 CHILD_CLOSE_GRACE = 5
+
+#: ``run``'s code once fenced (a newer sidecar owns the namespace; its child was stopped): the
+#: code ``sync`` ends with when its changes were not stored.
+EXIT_FENCED = EXIT_PENDING
 
 
 class Shutdown:
@@ -250,14 +257,32 @@ class Lifecycle:
     async def wait_for_end(self) -> int | None:
         """Step 6: wait for what ends the command. sync: a shutdown request (None). run: the
         child's exit (its code), then the end of the helpers it left in its process group, so
-        that what they write as they stop is drained too."""
+        that what they write as they stop is drained too. A fenced ``run`` stops its child
+        (SIGTERM, then SIGKILL after the stop grace) and returns :data:`EXIT_FENCED`: a host whose
+        writes can no longer be stored must not go on serving."""
         if self.child is None:
             await self.shutdown.requested.wait()
             return None
-        rc = await self.child.wait()
+        child = self.child
+        fenced = False
+
+        async def stop_when_fenced() -> None:
+            nonlocal fenced
+            await self.daemon.uploader.fenced.wait()
+            fenced = True
+            log.error("child_stopped_fenced", pid=child.pid, grace_seconds=child.grace,
+                      detail="a newer sidecar owns this namespace, so nothing this compute writes can be stored "
+                             "any more: the host is stopped (SIGTERM, then SIGKILL after SIDECAR_CHILD_STOP_GRACE) "
+                             f"and the wrapper exits {EXIT_FENCED}")
+            child.send(signal.SIGTERM)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(stop_when_fenced)
+            rc = await child.wait()
+            tg.cancel_scope.cancel()
         log.info("child_exited", code=rc)
-        await self.child.end_group()
-        return rc
+        await child.end_group()
+        return EXIT_FENCED if fenced else rc
 
     async def drain(self) -> int:
         """Step 7: flush what is pending, shielded from cancellation, bounded by
@@ -311,3 +336,41 @@ async def restore(settings: Settings, roots: list[Root]) -> int:
         return EXIT_OK if code is None else code
     finally:
         await store.aclose()
+
+
+async def release(settings: Settings, roots: list[Root]) -> int:
+    """``checkpoint-sidecar release``: hand the namespace over to a sidecar of any identity
+    (:func:`sidecar.fence.hand_over`), instead of deleting its owner marker. Creates nothing.
+    Exit 0 once released (or when there is no marker), 1 when the store cannot be reached."""
+    import time
+    from functools import partial
+
+    from sidecar.fence import hand_over
+    from sidecar.namespace import describe_identity
+    from sidecar.retry import retry_transient
+    from sidecar.store.base import StoreError
+
+    del roots  # the namespace is the store's, whatever roots are configured
+    store = open_store(settings, read_only=True)
+    where = settings.namespace.path or "(top of the store)"
+    deadline = time.monotonic() + 10.0
+    try:
+        await retry_transient(store.open, "open", deadline)
+        done = await retry_transient(partial(hand_over, store), "release the owner marker", deadline)
+    except StoreError as e:
+        return fail(f"cannot release the namespace {where!r} in {store.description}: {e}")
+    finally:
+        await store.aclose()
+    if done is None:
+        print(f"checkpoint-sidecar: nothing to release: the namespace {where!r} in {store.description} has no "
+              "owner marker (any sidecar may claim it)")
+        return EXIT_OK
+    log.info("namespace_released", namespace=where, previous_identity=describe_identity(done.identity),
+             generation=done.generation, owner_held_it=done.held)
+    line = (f"checkpoint-sidecar: released the namespace {where!r} in {store.description} "
+            f"(owned by {describe_identity(done.identity)}): a sidecar of any identity may claim it now")
+    if done.held:
+        line += ("; its owner had not released it: if that sidecar still runs it is fenced at its next write, "
+                 "and the next claim waits out its write window")
+    print(line)
+    return EXIT_OK

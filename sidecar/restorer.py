@@ -26,6 +26,7 @@ import anyio.to_thread
 
 from sidecar import log, metrics
 from sidecar.errors import leaves
+from sidecar.fence import counted_version
 from sidecar.localfs import (
     STREAM_MIN,
     ChecksumMismatch,
@@ -103,10 +104,13 @@ class Listing:
     objects: dict[str, ObjectInfo] = field(default_factory=dict)
     unsafe: list[tuple[str, str]] = field(default_factory=list)  # (key, why)
     bundles: set[str] = field(default_factory=set)  # roots with a snapshot bundle in the store
+    #: the highest version of any object listed, whatever it is (a fence claim goes above it)
+    max_version: int = 0
 
     def add(self, info: ObjectInfo, by_name: dict[str, Root]) -> str | None:
         """File one listed object. The name of its root when it is a file of a configured root;
         None for a bundle, another root's data, or a hostile name (set aside in ``unsafe``)."""
+        self.max_version = max(self.max_version, counted_version(info.version))
         if info.key.startswith(BUNDLE_DIR + "/"):
             self.bundles.add(info.key[len(BUNDLE_DIR) + 1 :])
             return None

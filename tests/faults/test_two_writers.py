@@ -73,7 +73,8 @@ def _azure_tree(endpoint, container_url: str) -> dict[str, bytes]:
 
 def test_losing_a_simultaneous_claim_fences_us_before_any_write(tmp_path):
     """Two sidecars claiming at the same moment: the one whose generation is not the highest
-    writes nothing, says so (health ``fenced``), and the host it wraps goes on running."""
+    writes nothing and says so (health ``fenced``); a ``run`` then stops its host
+    (tests/integration/test_fence_run.py)."""
     import anyio
 
     from sidecar.config import load

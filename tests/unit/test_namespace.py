@@ -145,7 +145,9 @@ def test_identity_conflict_rules():
     assert conflict({"identity": s1}, s1, "ns") is None  # the same session's next compute
     assert conflict({}, s2, "ns") is None  # nobody owns it yet
     assert conflict({"generation": 5, "heartbeat": 1}, s2, "ns") is None  # a marker of an older release
-    assert conflict({"identity": s1}, {}, "ns") is None  # a fixed prefix, no identity: a successor
+    assert conflict({}, {}, "ns") is None and conflict({"generation": 5}, {}, "ns") is None  # no identity on either side
+    lone = conflict({"identity": s1}, {}, "agent/s1")  # no identity never takes a session's namespace
+    assert lone and "has no identity" in lone and "checkpoint-sidecar release" in lone and "\n" not in lone
     why = conflict({"identity": s1}, s2, "ns")
     assert why and "FOUNDRY_AGENT_SESSION_ID=s1" in why and "FOUNDRY_AGENT_SESSION_ID=s2" in why and "\n" not in why
     assert marker_identity({"identity": "junk"}) == {} and marker_identity([]) == {}  # type: ignore[arg-type]
