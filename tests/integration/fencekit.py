@@ -28,6 +28,7 @@ class Target:
             self.url = self.azure.store_url
         else:
             self.dir = tmp_path / "store"
+            self.dir.mkdir()  # a mounted volume exists: on a platform a missing one is refused
             self.url = str(self.dir)
 
     def env(self, **extra: str) -> dict[str, str]:
