@@ -3,7 +3,7 @@
 Every command ends in one of these codes; a failure is one line on stderr, never a traceback:
 
     0  success (status: in sync)        2  bad configuration or usage
-    1  runtime failure (store, restore)   75  stopped with changes still pending (sync)
+    1  runtime failure (store, restore)   75  stopped with changes still pending (sync), or fenced (run)
     status: 1 when not in sync; run: the child's own code (128+N for signal N)
 """
 
