@@ -112,6 +112,15 @@ class MemoryStore:
             raise NotFound(key)
         return self.objects[key], self._info(key)
 
+    async def get_stream(self, key):
+        data, info = await self.get(key)
+
+        async def chunks():
+            for i in range(0, len(data), 4096):
+                yield data[i : i + 4096]
+
+        return info, chunks()
+
     async def put(self, key, data, meta: ObjectMeta):
         raise NotImplementedError
 
@@ -348,11 +357,14 @@ def test_downloads_do_not_wait_for_the_bundle_but_writes_do(tmp_path):
     root = Root(".checkpoints", str(tmp_path / "w" / ".checkpoints"))
 
     class SlowBundleStore(MemoryStore):
-        async def get(self, key):
+        async def get_stream(self, key):
             if key == bundle_key(".checkpoints"):
                 await downloading.wait()
                 written_before_answer.extend(os.listdir(root.path))
                 raise NotFound(key)
+            return await super().get_stream(key)
+
+        async def get(self, key):
             downloading.set()
             return await super().get(key)
 
