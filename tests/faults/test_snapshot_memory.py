@@ -158,3 +158,47 @@ def test_snapshot_commits_of_large_files_stream_both_ways(kind, tmp_path, reques
             target.drop()
         for p in tmp_path.rglob("*.bin"):
             os.unlink(p)
+
+
+#: Files just under the streaming threshold (sent in one request each): enough for every worker.
+MANY = 24
+#: docs/BENCHMARKS.md#memory: baseline (90 MiB with the Azure SDK) + about 2.5 x (BODY_BUDGET +
+#: concurrency x SMALL_BODY), whatever the number and size of the files.
+MANY_RSS_LIMIT_MIB = 200
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["directory", pytest.param("azure", marks=pytest.mark.azure)])
+def test_many_files_just_under_the_streaming_threshold_take_bounded_memory(kind, tmp_path, request):
+    from sidecar.localfs import STREAM_MIN
+
+    target = None
+    if kind == "azure":
+        from tests.faults.faultkit import new_target
+
+        target = new_target(request.getfixturevalue("azurite"), "manymem")
+        env = target.env(SIDECAR_STORE=target.store_url)
+    else:
+        env = sidecar_env(SIDECAR_STORE=str(tmp_path / "store"))
+    env["SIDECAR_DRAIN_TIMEOUT"] = "600"
+    try:
+        src = tmp_path / "src" / ".checkpoints"
+        src.mkdir(parents=True)
+        block = os.urandom(STREAM_MIN - 4096)
+        for i in range(MANY):
+            (src / f"f{i:02d}.bin").write_bytes(i.to_bytes(4, "big") + block[4:])
+        code, rss, err = run_measured(["run", "--", "true"], src.parent, env)
+        assert code == 0, err[-3000:]
+        assert [e["uploaded"] for e in json_lines(err) if e.get("event") == "shutdown_flushed"] == [MANY], err[-2000:]
+        assert rss < MANY_RSS_LIMIT_MIB, f"uploads of {MANY} x 8 MiB peaked at {rss:.0f} MiB"
+
+        fresh = tmp_path / "fresh"
+        fresh.mkdir()
+        code, rss, err = run_measured(["restore"], fresh, env)
+        assert code == 0, err[-3000:]
+        assert sorted(p.name for p in (fresh / ".checkpoints").iterdir()) == sorted(p.name for p in src.iterdir())
+        assert (fresh / ".checkpoints" / "f07.bin").read_bytes() == (src / "f07.bin").read_bytes()
+        assert rss < MANY_RSS_LIMIT_MIB, f"restore of {MANY} x 8 MiB peaked at {rss:.0f} MiB"
+    finally:
+        if target is not None:
+            target.drop()
