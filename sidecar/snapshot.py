@@ -111,10 +111,27 @@ def _pad(size: int) -> bytes:
 
 def bundle_chunks(root_name: str, changes: list[Change]) -> Iterator[bytes]:
     """The bundle of ``changes`` (every written one with its ``data``), in chunks of at most
-    CHUNK_BYTES. Blocking: a streamed file is read here, and raises (:class:`Unstable`) after its
-    last chunk when it is no longer the version its metadata was hashed from."""
+    CHUNK_BYTES (small pieces joined). Blocking: a streamed file is read here, and raises
+    (:class:`Unstable`) after its last chunk when it is no longer the version its metadata was
+    hashed from."""
+    pending: list[bytes] = []
+    size = 0
+    for piece in _pieces(root_name, changes):
+        if pending and size + len(piece) > CHUNK_BYTES:
+            yield b"".join(pending)
+            pending, size = [], 0
+        pending.append(piece)
+        size += len(piece)
+    if pending:
+        yield b"".join(pending)
+
+
+def _pieces(root_name: str, changes: list[Change]) -> Iterator[bytes]:
     head = _header(root_name, changes)
-    yield _member(MANIFEST_NAME, len(head), 0o600, 0) + head + _pad(len(head))
+    yield _member(MANIFEST_NAME, len(head), 0o600, 0)
+    for i in range(0, len(head), CHUNK_BYTES):
+        yield head[i : i + CHUNK_BYTES]
+    yield _pad(len(head))
     for c in changes:
         if c.meta is None:
             continue
