@@ -271,3 +271,61 @@ def test_small_bodies_never_wait_for_the_budget():
     assert body_bytes(100 * 1024) == 0 and body_bytes(SMALL_BODY) == 0
     assert body_bytes(SMALL_BODY + 1) == SMALL_BODY + 1 and body_bytes(STREAM_MIN) == STREAM_MIN
     assert body_bytes(STREAM_MIN + 1) == STREAM_CHUNK
+
+
+# -- a commit whose streamed file changes after its bundle was stored ---------------------------
+
+def test_a_streamed_file_changed_after_the_bundle_leaves_a_restorable_state(tmp_path, monkeypatch):
+    """The bundle is stored; then the host rewrites a streamed file before its own object is: that
+    put stores nothing, the commit reports the disk moved and the bundle stays, so a restore gives
+    the snapshot's state (the bundle over the objects). The next commit stores the new state."""
+    from sidecar import snapshot
+    from sidecar.known import StoreState
+    from sidecar.metrics import Totals
+    from sidecar.paths import IgnoreRules, Root
+    from sidecar.restorer import restore
+    from sidecar.store.directory import DirectoryStore
+
+    monkeypatch.setattr(snapshot, "HELD_MAX", 1024)  # the large file is streamed, the small one held
+    work = tmp_path / "work"
+    work.mkdir()
+    root = Root("state", str(work))
+    (work / "big.bin").write_bytes(b"1" * 100_000)
+    (work / "bindings.json").write_bytes(b'{"checkpoint": 1}')
+
+    class RewriteAfterBundle(DirectoryStore):
+        rewrite = True
+
+        async def put(self, key, data, meta, if_version=None):
+            info = await super().put(key, data, meta, if_version)
+            if key == snapshot.bundle_key("state") and self.rewrite:
+                self.rewrite = False
+                (work / "big.bin").write_bytes(b"2" * 100_000)  # the host's next superstep, half written
+            return info
+
+    async def go():
+        store = RewriteAfterBundle(str(tmp_path / "store"))
+        await store.open()
+        known = StoreState()
+
+        async def guard():
+            pass
+
+        committer = snapshot.Committer(store, [root], IgnoreRules(), known, max_file_size=2**30, guard=guard,
+                                       version=lambda: 1, totals=Totals())
+        keys = ["state/big.bin", "state/bindings.json"]
+        assert await committer.commit(root, keys) is False
+        assert known.has_bundle("state")
+        first = tmp_path / "first"
+        await restore(store, [Root("state", str(first))])
+        assert (first / "big.bin").read_bytes() == b"1" * 100_000  # the snapshot, from the bundle
+        assert (first / "bindings.json").read_bytes() == b'{"checkpoint": 1}'
+
+        assert await committer.commit(root, keys) is True
+        assert not known.has_bundle("state")
+        second = tmp_path / "second"
+        await restore(store, [Root("state", str(second))])
+        assert (second / "big.bin").read_bytes() == b"2" * 100_000
+        assert not (tmp_path / "store" / ".sidecar" / "bundles" / "state").exists()
+
+    anyio.run(go)
