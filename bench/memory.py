@@ -44,7 +44,7 @@ def manifest_limit_mib() -> int:
     """The sidecar container's memory limit in the base manifest, in MiB."""
     text = MANIFEST.read_text()
     sidecar = text[text.index("- name: checkpoint-sidecar"):]
-    m = re.search(r"limits:\s*\n\s*memory:\s*(\d+)(Mi|Gi)", sidecar)
+    m = re.search(r"limits:\s*\n(?:\s*#.*\n)*\s*memory:\s*(\d+)(Mi|Gi)", sidecar)
     assert m, "no memory limit for the sidecar container"
     return int(m.group(1)) * (1024 if m.group(2) == "Gi" else 1)
 
