@@ -7,13 +7,19 @@ snapshot mode the store therefore only ever holds a state the disk really passed
 1. **Snapshot.** Scan the root (size, mtime, ctime, inode of every file), read every dirty file,
    scan again. Equal scans mean nothing changed in between, so what was read is exactly the disk's
    state at one instant. Otherwise the batch is read again (the host's next write is coming).
+   Files beyond the first :data:`HELD_MAX` bytes of the batch are only hashed then; every later
+   read of one streams it from the disk and fails after its last chunk unless it is still that
+   very version, and a put whose read fails stores nothing.
 2. **Commit.** A batch of one change is a single atomic put or delete. A larger batch is first
    written as one *bundle* object (``.sidecar/bundles/<root>``: every changed file and deletion),
    then applied to the per-file objects, then the bundle is deleted. A crash after the bundle put
-   leaves the bundle behind, and restore lays it over the per-file objects: either the old state or
-   the new one is restorable, never a mix.
+   (or a streamed file that changed before its own put) leaves the bundle behind, and restore lays
+   it over the per-file objects: either the old state or the new one is restorable, never a mix.
+   The root's next commit replaces that bundle with the disk's newer state.
 
-Encoding and decoding bundles are pure (:func:`encode_bundle`, :func:`decode_bundle`). A
+Bundles are written and read as streams (:func:`bundle_chunks`, :class:`BundleSource`,
+:class:`BundleReader`; the format is described below), so no file is ever held whole; the
+pure helpers :func:`encode_bundle` and :func:`decode_bundle` do the same over bytes in hand. A
 :class:`Committer` carries out the protocol for the uploader, which hands it each root's batch of
 dirty keys and retries a batch that failed; it also deletes, at start-up, the bundles that
 cut-short commits left behind (:meth:`Committer.drop_stale_bundles`). Per root, a commit's bundle
