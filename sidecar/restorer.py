@@ -20,7 +20,7 @@ import re
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import AsyncIterator, Sequence
 
 import anyio
 import anyio.to_thread
@@ -316,7 +316,7 @@ class _Restore:
             log.info("restore_bundle", root=root.path, changes=len(overlay))
         self.overlay_known[root.name].set()
 
-    async def _place_bundled(self, root: Root, c: Change, body) -> None:
+    async def _place_bundled(self, root: Root, c: Change, body: AsyncIterator[bytes]) -> None:
         """Write one file of the root's bundle as its bytes arrive (checked by the bundle's reader
         against its sha256 before the file is renamed into place)."""
         _, parts = split_key(c.key, self.by_name)  # checked in _read_overlay
