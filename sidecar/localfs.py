@@ -10,8 +10,12 @@ import json
 import os
 import secrets
 import stat
+from collections import deque
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Generator
+
+import anyio
 
 from sidecar.paths import KEPT_FILE, MAX_KEY_BYTES, RESTORE_MARKER, RESTORE_TMP_PREFIX, IgnoreRules, Root
 from sidecar.store.base import CHUNK_BYTES, ObjectMeta
@@ -230,9 +234,72 @@ def read_stable(root: Root, parts: list[str], max_size: int, attempts: int = 5) 
 
 
 #: Files above this size are streamed both ways (never held whole in memory), in chunks of
-#: STREAM_CHUNK bytes; memory stays bounded by chunk size times concurrency.
+#: STREAM_CHUNK bytes. Smaller ones go in one request (a store may hold such a body whole).
 STREAM_MIN = 8 * 1024 * 1024
 STREAM_CHUNK = CHUNK_BYTES
+#: Files up to this size are read and sent whole without asking the :class:`ByteBudget` (at most
+#: ``concurrency`` times this in memory): the 1-100 KiB checkpoints never wait for it.
+SMALL_BODY = 1024 * 1024
+#: The bytes of file bodies the uploads (or the downloads) of one process hold at once, larger
+#: than SMALL_BODY: a whole file up to STREAM_MIN, one chunk for a streamed one.
+BODY_BUDGET = 32 * 1024 * 1024
+
+
+def body_bytes(size: int) -> int:
+    """What an upload or download of a file of ``size`` bytes takes from the :class:`ByteBudget`."""
+    if size <= SMALL_BODY:
+        return 0
+    return size if size <= STREAM_MIN else STREAM_CHUNK
+
+
+class ByteBudget:
+    """A byte count shared by concurrent transfers, taken first come first served: a transfer
+    waits until its bytes fit, so the bodies in memory never exceed ``total`` whatever the
+    concurrency and the file sizes. A request above ``total`` takes all of it."""
+
+    def __init__(self, total: int = BODY_BUDGET) -> None:
+        self.total = total
+        self.used = 0
+        self._waiting: deque[tuple[int, anyio.Event]] = deque()
+
+    @asynccontextmanager
+    async def hold(self, n: int) -> AsyncIterator[None]:
+        n = min(n, self.total)
+        if n <= 0:
+            yield
+            return
+        await self._acquire(n)
+        try:
+            yield
+        finally:
+            self._release(n)
+
+    async def _acquire(self, n: int) -> None:
+        if not self._waiting and self.used + n <= self.total:
+            self.used += n
+            return
+        granted = anyio.Event()
+        entry = (n, granted)
+        self._waiting.append(entry)
+        try:
+            await granted.wait()
+        except BaseException:
+            if granted.is_set():  # granted as it was cancelled: give it back
+                self._release(n)
+            else:
+                self._waiting.remove(entry)
+                self._grant()  # it may have held back the ones behind it
+            raise
+
+    def _release(self, n: int) -> None:
+        self.used -= n
+        self._grant()
+
+    def _grant(self) -> None:
+        while self._waiting and self.used + self._waiting[0][0] <= self.total:
+            n, granted = self._waiting.popleft()
+            self.used += n
+            granted.set()
 
 
 @dataclass
@@ -275,14 +342,19 @@ class FileSource:
             it.close()
 
 
-def read_for_upload(root: Root, parts: list[str], max_size: int) -> tuple["bytes | FileSource", ObjectMeta]:
+def read_for_upload(root: Root, parts: list[str], max_size: int,
+                    read_max: int = STREAM_MIN) -> "tuple[bytes | FileSource, ObjectMeta] | int":
     """What to upload for ``root/parts...``: its bytes (:func:`read_stable`), or for a file above
-    :data:`STREAM_MIN` a :class:`FileSource` (:func:`hash_stable`) that the store streams."""
+    :data:`STREAM_MIN` a :class:`FileSource` (:func:`hash_stable`) that the store streams. For a
+    file above ``read_max`` bytes, only its size, read nothing yet: the caller takes what the
+    transfer needs from its :class:`ByteBudget` (:func:`body_bytes`), then asks again."""
     fd = _open_file_nofollow(root, parts)
     try:
         size = os.fstat(fd).st_size
     finally:
         os.close(fd)
+    if size > read_max:
+        return size
     if size > STREAM_MIN:
         return hash_stable(root, parts, max_size)
     return read_stable(root, parts, max_size)

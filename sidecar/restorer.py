@@ -20,6 +20,7 @@ import re
 import sys
 import time
 from dataclasses import dataclass, field
+from typing import AsyncIterator, Sequence
 
 import anyio
 import anyio.to_thread
@@ -29,10 +30,12 @@ from sidecar.errors import leaves
 from sidecar.fence import counted_version
 from sidecar.localfs import (
     STREAM_MIN,
+    ByteBudget,
     ChecksumMismatch,
     OpenDirs,
     RestoreTemp,
     UnsafeTarget,
+    body_bytes,
     clear_restoring,
     has_regular_files,
     mark_restoring,
@@ -46,7 +49,7 @@ from sidecar.localfs import (
 from sidecar.paths import Root, UnsafeKey, split_key
 from sidecar.plan import RootDecision, decide_restore, may_restore
 from sidecar.retry import retry_transient
-from sidecar.snapshot import BUNDLE_DIR, BundleError, Change, fetch_bundle
+from sidecar.snapshot import BUNDLE_DIR, BundleError, Change, close_stream, open_bundle
 from sidecar.store.base import NotFound, ObjectInfo, Store, StoreError
 
 GENERATED_NAME = re.compile(rb"WorkflowBuilder-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
@@ -202,9 +205,8 @@ class _Progress:
             sys.stderr.write("\n")
 
 
-#: A queued file: its root, what the listing (or the bundle) says of it, and the bundle's change
-#: when the bytes come from a bundle rather than from the file's own object.
-_Item = tuple[Root, ObjectInfo, "Change | None"]
+#: A queued file: its root, and what the listing says of it.
+_Item = tuple[Root, ObjectInfo]
 
 
 class _Restore:
@@ -227,23 +229,28 @@ class _Restore:
         self.overlays: dict[str, dict[str, Change]] = {}
         self.overlay_known = {name: anyio.Event() for name in candidates}
         self.bundles_read: set[str] = set()  # candidates whose bundle was there when read
+        self.bundle_changes: dict[str, list[Change]] = {}  # their headers, as first read
         self.progress = _Progress()
         self.dirs = OpenDirs()  # for the files written here on the event loop, not in threads
+        self.bodies = ByteBudget()  # the downloads' bytes in memory
         self.send, self.receive = anyio.create_memory_object_stream[_Item](math.inf)
 
-    def _queue(self, root: Root, info: ObjectInfo, bundled: Change | None = None) -> None:
+    def _queue(self, root: Root, info: ObjectInfo) -> None:
+        self._start(root)
+        self.queued.add(info.key)
+        self.progress.expect(info.size)
+        try:
+            self.send.send_nowait((root, info))
+        except anyio.BrokenResourceError:
+            pass  # every worker has ended: the restore is cancelled or failed, and ends as such
+
+    def _start(self, root: Root) -> None:
         if root.name not in self.started:
             try:  # before the root's first file lands: a restore cut short from here on is known as such
                 mark_restoring(root)
             except OSError as e:
                 raise RestoreError(f"cannot write into {root.path}: {e.strerror}") from None
             self.started[root.name] = root
-        self.queued.add(info.key)
-        self.progress.expect(info.size)
-        try:
-            self.send.send_nowait((root, info, bundled))
-        except anyio.BrokenResourceError:
-            pass  # every worker has ended: the restore is cancelled or failed, and ends as such
 
     async def list(self, deadline: float) -> None:
         """Feed every stored file of a candidate root to the workers as its listing page arrives."""
@@ -260,17 +267,45 @@ class _Restore:
             self.result.refused.append(key)
 
     async def overlay(self, root: Root, deadline: float) -> None:
-        """Fetch the root's bundle, if a snapshot commit was cut short: it holds the newer state of
-        the files it names (and their deletion), which replaces their own objects."""
-        try:
-            found = await retry_transient(lambda: fetch_bundle(self.store, root.name), "get", deadline)
-        except BundleError as e:
-            raise RestoreError(f"the snapshot bundle of {root.path} in {self.store.description} is unreadable: {e}") from None
-        changes = found or []
-        if found is not None:
+        """Read the root's bundle, if a snapshot commit was cut short: it holds the newer state of
+        the files it names (and their deletion), which replaces their own objects. Its header is
+        read first (the workers then skip the files it names), then its files are streamed into
+        place, a chunk at a time. A read that fails transiently starts over, skipping the files
+        already placed, as long as the bundle is still the same."""
+        placed: set[str] = set()
+
+        async def once() -> None:
+            try:
+                opened = await open_bundle(self.store, root.name)
+            except BundleError as e:
+                raise RestoreError(f"the snapshot bundle of {root.path} in {self.store.description} is unreadable: {e}") from None
+            changes = None if opened is None else opened[0].changes
+            if not self.overlay_known[root.name].is_set():
+                self._read_overlay(root, changes)
+            elif changes != self.bundle_changes.get(root.name):
+                raise RestoreError(f"the snapshot bundle of {root.path} in {self.store.description} changed while it "
+                                   "was being restored (an older sidecar is still writing); restore again")
+            if opened is None:
+                return
+            reader, chunks = opened
+            try:
+                async for c, body in reader.files():
+                    if c.key not in placed and c.key in self.overlays[root.name]:
+                        await self._place_bundled(root, c, body)
+                        placed.add(c.key)
+            except BundleError as e:
+                raise RestoreError(f"the snapshot bundle of {root.path} in {self.store.description} is unreadable: {e}") from None
+            finally:
+                await close_stream(chunks)
+
+        await retry_transient(once, "get", deadline)
+
+    def _read_overlay(self, root: Root, changes: Sequence[Change] | None) -> None:
+        if changes is not None:
             self.bundles_read.add(root.name)
+            self.bundle_changes[root.name] = list(changes)
         overlay: dict[str, Change] = {}
-        for c in changes:
+        for c in changes or ():
             try:
                 owner, _ = split_key(c.key, self.by_name)
                 if owner is not root:
@@ -283,16 +318,43 @@ class _Restore:
         self.overlays[root.name] = overlay
         if changes:
             log.info("restore_bundle", root=root.path, changes=len(overlay))
-        for c in overlay.values():
-            if c.data is not None:
-                m = c.written
-                self._queue(root, ObjectInfo(c.key, m.size, m.sha256, m.mtime_ns, m.mode), c)
         self.overlay_known[root.name].set()
+
+    async def _place_bundled(self, root: Root, c: Change, body: AsyncIterator[bytes]) -> None:
+        """Write one file of the root's bundle as its bytes arrive (checked by the bundle's reader
+        against its sha256 before the file is renamed into place)."""
+        _, parts = split_key(c.key, self.by_name)  # checked in _read_overlay
+        m = c.written
+        self._start(root)
+        self.progress.expect(m.size)
+        try:
+            if m.size <= INLINE_WRITE_MAX:
+                data = b"".join([chunk async for chunk in body])
+                write_restored(root, parts, data, m.mtime_ns, m.mode, m.sha256, self.dirs)
+                if name := generated_name(data):
+                    self.result.generated_names.add(name)
+            else:
+                await _write_streamed(root, parts, body, ObjectInfo(c.key, m.size, m.sha256, m.mtime_ns, m.mode), m.sha256)
+        except UnsafeTarget as e:
+            log.error("restore_refused_target", path=c.key, reason=str(e))
+            self.result.refused.append(c.key)
+            self.progress.forget(m.size)
+            return
+        except ChecksumMismatch:
+            raise BundleError(f"bundle entry {c.key!r} does not match its sha256") from None
+        except OSError as e:
+            if e.errno == errno.ENOSPC:
+                raise RestoreError(f"no space left on device while restoring into {root.path} ({self.progress.files} "
+                                   f"of {self.progress.total_files} files restored; no partial file left)") from None
+            raise RestoreError(f"cannot write {c.key} into {root.path}: {e.strerror}") from None
+        self.progress.add(m.size)
+        metrics.restored(m.size)
 
     async def work(self, receive) -> None:
         async with receive:
-            async for root, info, bundled in receive:
-                await self._place(root, info, bundled)
+            async for root, info in receive:
+                async with self.bodies.hold(body_bytes(info.size)):  # memory bounded by design
+                    await self._place(root, info)
 
     def _superseded(self, root: Root, info: ObjectInfo) -> bool:
         """The root's bundle names the file (its newer version is queued on its own, or it was
@@ -303,44 +365,41 @@ class _Restore:
         self.progress.forget(info.size)
         return True
 
-    async def _place(self, root: Root, info: ObjectInfo, bundled: Change | None) -> None:
+    async def _place(self, root: Root, info: ObjectInfo) -> None:
         _, parts = split_key(info.key, self.by_name)  # checked when queued
-        if bundled is None and info.size > self.max_file_size:
+        if info.size > self.max_file_size:
             log.error("restore_refused_too_large", path=info.key, size=info.size, limit=self.max_file_size,
                       detail="larger than SIDECAR_MAX_FILE_SIZE: not restored, kept in the store")
             self.result.refused.append(info.key)
             self.progress.forget(info.size)
             return
-        streamed = bundled is None and info.size > STREAM_MIN
+        streamed = info.size > STREAM_MIN
         data = b""
         for attempt in (1, 2):
-            if bundled is not None:  # verified when the bundle was decoded
-                data, got, expected = bundled.data or b"", info, None
-            else:
-                if self._superseded(root, info):  # the bundle is known already: no download
-                    return
-                try:
-                    if streamed:  # too large to hold: written as it arrives, a chunk at a time
-                        got, chunks = await self.store.get_stream(info.key)
-                    else:
-                        data, got = await self.store.get(info.key)
-                except NotFound:
-                    log.warning("restore_vanished", path=info.key)
-                    return
-                # Downloads do not wait for the root's bundle to be read (a round trip, usually
-                # a "not found"); writes do.
-                await self.overlay_known[root.name].wait()
-                if self._superseded(root, info):
-                    if streamed:
-                        await chunks.aclose()  # type: ignore[attr-defined]
-                    return
-                expected = got.sha256 or info.sha256
-                if expected is None and attempt == 1:
-                    self.result.unverified += 1
-                    if self.result.unverified <= UNVERIFIED_SHOWN:
-                        log.warning("restore_unverified", path=info.key,
-                                    detail="no sha256 is recorded for it (written by another tool, or a put cut "
-                                           "short): restored as stored, unchecked")
+            if self._superseded(root, info):  # the bundle is known already: no download
+                return
+            try:
+                if streamed:  # too large to hold: written as it arrives, a chunk at a time
+                    got, chunks = await self.store.get_stream(info.key)
+                else:
+                    data, got = await self.store.get(info.key)
+            except NotFound:
+                log.warning("restore_vanished", path=info.key)
+                return
+            # Downloads do not wait for the root's bundle to be read (a round trip, usually
+            # a "not found"); writes do.
+            await self.overlay_known[root.name].wait()
+            if self._superseded(root, info):
+                if streamed:
+                    await chunks.aclose()  # type: ignore[attr-defined]
+                return
+            expected = got.sha256 or info.sha256
+            if expected is None and attempt == 1:
+                self.result.unverified += 1
+                if self.result.unverified <= UNVERIFIED_SHOWN:
+                    log.warning("restore_unverified", path=info.key,
+                                detail="no sha256 is recorded for it (written by another tool, or a put cut "
+                                       "short): restored as stored, unchecked")
             try:
                 if streamed:
                     await _write_streamed(root, parts, chunks, got, expected)
@@ -390,9 +449,9 @@ class _Restore:
         for name, overlay in self.overlays.items():
             for key, c in overlay.items():
                 listed = key in self.listing.objects
-                if c.data is None and listed:
+                if c.deleted and listed:
                     count[name] -= 1
-                elif c.data is not None and not listed:
+                elif not c.deleted and not listed:
                     count[name] += 1
         return count
 

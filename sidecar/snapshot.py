@@ -7,13 +7,19 @@ snapshot mode the store therefore only ever holds a state the disk really passed
 1. **Snapshot.** Scan the root (size, mtime, ctime, inode of every file), read every dirty file,
    scan again. Equal scans mean nothing changed in between, so what was read is exactly the disk's
    state at one instant. Otherwise the batch is read again (the host's next write is coming).
+   Files beyond the first :data:`HELD_MAX` bytes of the batch are only hashed then; every later
+   read of one streams it from the disk and fails after its last chunk unless it is still that
+   very version, and a put whose read fails stores nothing.
 2. **Commit.** A batch of one change is a single atomic put or delete. A larger batch is first
    written as one *bundle* object (``.sidecar/bundles/<root>``: every changed file and deletion),
    then applied to the per-file objects, then the bundle is deleted. A crash after the bundle put
-   leaves the bundle behind, and restore lays it over the per-file objects: either the old state or
-   the new one is restorable, never a mix.
+   (or a streamed file that changed before its own put) leaves the bundle behind, and restore lays
+   it over the per-file objects: either the old state or the new one is restorable, never a mix.
+   The root's next commit replaces that bundle with the disk's newer state.
 
-Encoding and decoding bundles are pure (:func:`encode_bundle`, :func:`decode_bundle`). A
+Bundles are written and read as streams (:func:`bundle_chunks`, :class:`BundleSource`,
+:class:`BundleReader`; the format is described below), so no file is ever held whole; the
+pure helpers :func:`encode_bundle` and :func:`decode_bundle` do the same over bytes in hand. A
 :class:`Committer` carries out the protocol for the uploader, which hands it each root's batch of
 dirty keys and retries a batch that failed; it also deletes, at start-up, the bundles that
 cut-short commits left behind (:meth:`Committer.drop_stale_bundles`). Per root, a commit's bundle
@@ -22,22 +28,33 @@ put..delete and that cleanup's delete never interleave (a lock per root).
 
 from __future__ import annotations
 
+import hashlib
 import json
+import tarfile
 import time
 from dataclasses import dataclass, replace
-from typing import Awaitable, Callable
+from typing import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, TypeVar
 
 import anyio
 import anyio.to_thread
 
 from sidecar import log
 from sidecar.known import StoreState
-from sidecar.localfs import Unstable, Vanished, absent, read_stable, scan_root
+from sidecar.localfs import FileSource, Unstable, Vanished, absent, hash_stable, read_stable, scan_root
 from sidecar.metrics import Totals
 from sidecar.paths import IgnoreRules, Root, split_key
-from sidecar.store.base import OWN_NAMESPACE, NotFound, ObjectMeta, Store, StoreError
+from sidecar.store.base import CHUNK_BYTES, OWN_NAMESPACE, NotFound, ObjectMeta, Store, StoreError
 
 BUNDLE_DIR = f"{OWN_NAMESPACE}/bundles"
+
+#: A snapshot commit holds at most this many bytes of its files in memory (the first files of its
+#: batch that fit); the others are hashed in the snapshot and streamed from the disk when stored.
+HELD_MAX = 8 * 1024 * 1024
+#: The first member of a bundle: its header (root, and every change's key and metadata).
+MANIFEST_NAME = ".sidecar-bundle.json"
+#: A bundle's header is read whole: larger ones are refused as unreadable.
+MAX_HEADER_BYTES = 32 * 1024 * 1024
+_BLOCK = tarfile.BLOCKSIZE
 
 
 def bundle_key(root_name: str) -> str:
@@ -46,51 +63,156 @@ def bundle_key(root_name: str) -> str:
 
 @dataclass(frozen=True)
 class Change:
+    """One file of a batch: written (``meta``, and its bytes in ``data``, held or as a
+    :class:`~sidecar.localfs.FileSource` streamed from the disk) or deleted (``meta`` None). A
+    bundle's header gives written changes without their bytes (``data`` None)."""
+
     key: str
-    data: bytes | None  # None: deleted
-    meta: ObjectMeta | None
+    data: bytes | FileSource | None
+    meta: ObjectMeta | None  # None: deleted
+
+    @property
+    def deleted(self) -> bool:
+        return self.meta is None
 
     @property
     def written(self) -> ObjectMeta:
-        """The metadata of a change that writes (``data`` is not None)."""
+        """The metadata of a change that writes."""
         assert self.meta is not None, f"{self.key} is a deletion"
         return self.meta
 
 
-def encode_bundle(root_name: str, changes: list[Change]) -> bytes:
-    header = {
-        "version": 1,
+# -- the bundle format ------------------------------------------------------------------------
+#
+# Version 2 (written): a POSIX tar archive (pax headers where a name needs them). Its first member,
+# MANIFEST_NAME, is the JSON header {"version": 2, "root", "entries"}; then one member per written
+# entry, in the header's order, named by its key, holding its bytes; then the end-of-archive
+# blocks. Deletions are in the header only. Version 1 (read only; earlier releases): the JSON
+# header {"version": 1, ...} on one line, then the written entries' bytes back to back.
+# Both are written and read as streams, a chunk at a time: no file is held whole.
+
+
+def _header(root_name: str, changes: list[Change]) -> bytes:
+    return json.dumps({
+        "version": 2,
         "root": root_name,
         "entries": [
-            {"key": c.key, "deleted": True} if c.data is None else
-            {"key": c.key, "size": c.written.size, "sha256": c.written.sha256, "mtime_ns": c.written.mtime_ns,
-             "mode": c.written.mode}
+            {"key": c.key, "deleted": True} if c.meta is None else
+            {"key": c.key, "size": c.meta.size, "sha256": c.meta.sha256, "mtime_ns": c.meta.mtime_ns,
+             "mode": c.meta.mode}
             for c in changes
         ],
-    }
-    return json.dumps(header, separators=(",", ":")).encode() + b"\n" + b"".join(
-        c.data for c in changes if c.data is not None
-    )
+    }, separators=(",", ":")).encode()
+
+
+def _member(name: str, size: int, mode: int, mtime_ns: int) -> bytes:
+    info = tarfile.TarInfo(name)
+    info.size, info.mode, info.mtime = size, mode & 0o7777, mtime_ns // 1_000_000_000
+    return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "strict")
+
+
+def _pad(size: int) -> bytes:
+    return bytes(-size % _BLOCK)
+
+
+def bundle_chunks(root_name: str, changes: list[Change]) -> Iterator[bytes]:
+    """The bundle of ``changes`` (every written one with its ``data``), in chunks of at most
+    CHUNK_BYTES (small pieces joined). Blocking: a streamed file is read here, and raises
+    (:class:`Unstable`) after its last chunk when it is no longer the version its metadata was
+    hashed from."""
+    pending: list[bytes] = []
+    size = 0
+    for piece in _pieces(root_name, changes):
+        if pending and size + len(piece) > CHUNK_BYTES:
+            yield b"".join(pending)
+            pending, size = [], 0
+        pending.append(piece)
+        size += len(piece)
+    if pending:
+        yield b"".join(pending)
+
+
+def _pieces(root_name: str, changes: list[Change]) -> Iterator[bytes]:
+    head = _header(root_name, changes)
+    yield _member(MANIFEST_NAME, len(head), 0o600, 0)
+    for i in range(0, len(head), CHUNK_BYTES):
+        yield head[i : i + CHUNK_BYTES]
+    yield _pad(len(head))
+    for c in changes:
+        if c.meta is None:
+            continue
+        yield _member(c.key, c.meta.size, c.meta.mode, c.meta.mtime_ns)
+        if isinstance(c.data, FileSource):
+            size = 0
+            for chunk in c.data.iter_sync():
+                size += len(chunk)
+                yield chunk
+            if size != c.meta.size:  # (the source's own check catches this too)
+                raise Unstable(c.key)
+        else:
+            assert c.data is not None, f"{c.key}: a written change without its bytes"
+            for i in range(0, len(c.data), CHUNK_BYTES):
+                yield c.data[i : i + CHUNK_BYTES]
+        yield _pad(c.meta.size)
+    yield bytes(2 * _BLOCK)
+
+
+def encode_bundle(root_name: str, changes: list[Change]) -> bytes:
+    return b"".join(bundle_chunks(root_name, changes))
+
+
+class BundleSource:
+    """A bundle to store as a stream (:class:`~sidecar.store.base.Source`): made by :meth:`measure`,
+    which reads it once for its size and digests; every read after that yields the same bytes or
+    raises :class:`Unstable` (a file changed), and the store then leaves the bundle as it was."""
+
+    def __init__(self, root_name: str, changes: list[Change], size: int, sha256: str, md5: bytes) -> None:
+        self.root_name, self.changes = root_name, changes
+        self.size, self.sha256, self.md5 = size, sha256, md5
+
+    @classmethod
+    def measure(cls, root_name: str, changes: list[Change]) -> "BundleSource":
+        """Blocking (reads the streamed files once)."""
+        sha, md5, size = hashlib.sha256(), hashlib.md5(), 0
+        for chunk in bundle_chunks(root_name, changes):
+            sha.update(chunk)
+            md5.update(chunk)
+            size += len(chunk)
+        return cls(root_name, changes, size, sha.hexdigest(), md5.digest())
+
+    def iter_sync(self) -> Iterator[bytes]:
+        return bundle_chunks(self.root_name, self.changes)
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        it = self.iter_sync()
+        done = object()
+        try:
+            while (chunk := await anyio.to_thread.run_sync(next, it, done)) is not done:
+                yield chunk  # type: ignore[misc]
+        finally:
+            it.close()  # type: ignore[attr-defined]
 
 
 class BundleError(ValueError):
     pass
 
 
-def decode_bundle(blob: bytes) -> tuple[str, list[Change]]:
-    """The root and changes a bundle holds; :class:`BundleError` for anything else (a bundle is
-    read from the store, so its content is checked, never trusted)."""
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _parse_header(raw: bytes, version: int) -> tuple[str, list[Change]]:
+    """The root and changes (written ones without their bytes) of a bundle's JSON header."""
     try:
-        head, _, body = blob.partition(b"\n")
-        header = json.loads(head)
+        header = json.loads(raw)
         if not isinstance(header, dict):
             raise BundleError("unreadable bundle: the header is not an object")
-        if header.get("version") != 1:
+        if header.get("version") != version:
             raise BundleError(f"unknown bundle version {header.get('version')!r}")
         root, entries = header["root"], header["entries"]
         if not isinstance(root, str) or not isinstance(entries, list):
             raise BundleError("unreadable bundle: malformed header")
-        changes, offset = [], 0
+        changes = []
         for e in entries:
             if not isinstance(e, dict) or not isinstance(e.get("key"), str):
                 raise BundleError("unreadable bundle: malformed entry")
@@ -98,18 +220,11 @@ def decode_bundle(blob: bytes) -> tuple[str, list[Change]]:
                 changes.append(Change(e["key"], None, None))
                 continue
             size = e["size"]
-            if not _is_int(size) or size < 0 or offset + size > len(body):
+            if not _is_int(size) or size < 0:
                 raise BundleError(f"unreadable bundle: entry {e['key']!r} has a bad size")
             if not (_is_int(e["mtime_ns"]) and _is_int(e["mode"]) and isinstance(e["sha256"], str)):
                 raise BundleError(f"unreadable bundle: entry {e['key']!r} is malformed")
-            data = body[offset : offset + size]
-            offset += size
-            meta = ObjectMeta(size, e["sha256"], e["mtime_ns"], e["mode"])
-            if ObjectMeta.of(data, meta.mtime_ns, meta.mode).sha256 != meta.sha256:
-                raise BundleError(f"bundle entry {e['key']!r} does not match its sha256")
-            changes.append(Change(e["key"], data, meta))
-        if offset != len(body):
-            raise BundleError("unreadable bundle: bytes beyond its entries")
+            changes.append(Change(e["key"], None, ObjectMeta(size, e["sha256"], e["mtime_ns"], e["mode"])))
         return root, changes
     except BundleError:
         raise
@@ -117,18 +232,201 @@ def decode_bundle(blob: bytes) -> tuple[str, list[Change]]:
         raise BundleError(f"unreadable bundle: {e}") from None
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+def _pax_records(raw: bytes) -> dict[str, str]:
+    """The records of a pax extended header (``"<len> <key>=<value>\\n"`` each)."""
+    out, pos = {}, 0
+    while pos < len(raw):
+        space = raw.index(b" ", pos)
+        length = int(raw[pos:space])
+        record = raw[space + 1 : pos + length]
+        if length <= 0 or not record.endswith(b"\n") or b"=" not in record:
+            raise ValueError("malformed pax record")
+        k, _, v = record[:-1].partition(b"=")
+        out[k.decode("utf-8")] = v.decode("utf-8")
+        pos += length
+    return out
 
 
-async def fetch_bundle(store: Store, root_name: str) -> list[Change] | None:
-    """The root's outstanding bundle, or None."""
+class BundleReader:
+    """Reads a bundle (either version) from its chunks, as they arrive: :meth:`header` first, then
+    :meth:`files` gives each written change's bytes, a chunk at a time, in the header's order,
+    checked against its sha256 after the last. Anything malformed, cut short, or not matching is a
+    :class:`BundleError` (a bundle is read from the store, so it is checked, never trusted)."""
+
+    def __init__(self, chunks: AsyncIterator[bytes]) -> None:
+        self._chunks = chunks
+        self._buf = b""
+        self._eof = False
+        self.version = 0
+        self.root = ""
+        self.changes: list[Change] = []
+
+    async def _fill(self) -> bool:
+        """One more chunk into the buffer; False at the end of the bundle."""
+        if self._eof:
+            return False
+        try:
+            chunk = await self._chunks.__anext__()
+        except StopAsyncIteration:
+            self._eof = True
+            return False
+        self._buf += chunk
+        return True
+
+    async def _read(self, n: int) -> bytes:
+        while len(self._buf) < n:
+            if not await self._fill():
+                raise BundleError("unreadable bundle: cut short")
+        out, self._buf = self._buf[:n], self._buf[n:]
+        return out
+
+    async def _some(self, n: int) -> bytes:
+        """Between 1 and ``n`` bytes (whatever is buffered, or the next chunk)."""
+        if not self._buf and not await self._fill():
+            raise BundleError("unreadable bundle: cut short")
+        out, self._buf = self._buf[:n], self._buf[n:]
+        return out
+
+    async def header(self) -> tuple[str, list[Change]]:
+        if not await self._fill():
+            raise BundleError("unreadable bundle: empty")
+        if self._buf.startswith(b"{"):
+            self.version = 1
+            while b"\n" not in self._buf:
+                if len(self._buf) > MAX_HEADER_BYTES or not await self._fill():
+                    raise BundleError("unreadable bundle: no header")
+            raw, _, self._buf = self._buf.partition(b"\n")
+        else:
+            self.version = 2
+            name, size = await self._member_header()
+            if name != MANIFEST_NAME or size > MAX_HEADER_BYTES:
+                raise BundleError("unreadable bundle: no header")
+            raw = await self._read(size)
+            await self._read(-size % _BLOCK)
+        self.root, self.changes = _parse_header(raw, self.version)
+        return self.root, self.changes
+
+    async def _member_header(self) -> tuple[str, int]:
+        """The name and size of the next tar member (a pax header before it applied)."""
+        try:
+            info = tarfile.TarInfo.frombuf(await self._read(_BLOCK), "utf-8", "surrogateescape")
+            pax: dict[str, str] = {}
+            if info.type == tarfile.XHDTYPE:
+                if info.size > 1024 * 1024:
+                    raise BundleError("unreadable bundle: oversized pax header")
+                pax = _pax_records(await self._read(info.size))
+                await self._read(-info.size % _BLOCK)
+                info = tarfile.TarInfo.frombuf(await self._read(_BLOCK), "utf-8", "surrogateescape")
+            if info.type not in (tarfile.REGTYPE, tarfile.AREGTYPE):
+                raise BundleError(f"unreadable bundle: member {info.name!r} is not a regular file")
+            return pax.get("path", info.name), int(pax.get("size", info.size))
+        except (tarfile.HeaderError, ValueError) as e:
+            if isinstance(e, BundleError):
+                raise
+            raise BundleError(f"unreadable bundle: {e}") from None
+
+    async def files(self) -> AsyncIterator[tuple[Change, AsyncIterator[bytes]]]:
+        """Each written change with its bytes; read them to the end before the next. Ends after
+        checking the bundle ends where its header says."""
+        for c in self.changes:
+            if c.meta is None:
+                continue
+            if self.version == 2:
+                name, size = await self._member_header()
+                if name != c.key or size != c.meta.size:
+                    raise BundleError(f"unreadable bundle: entry {c.key!r} is not where its header says")
+            body = _Body(self, c)
+            yield c, body.chunks()
+            await body.drain()
+            if self.version == 2:
+                await self._read(-c.meta.size % _BLOCK)
+        if self.version == 2:  # the end-of-archive blocks: zeros, to the end
+            seen = 0
+            while self._buf or await self._fill():
+                if self._buf.count(0) != len(self._buf):
+                    raise BundleError("unreadable bundle: bytes beyond its entries")
+                seen += len(self._buf)
+                self._buf = b""
+            if seen < _BLOCK:
+                raise BundleError("unreadable bundle: cut short")
+        elif self._buf or await self._fill():
+            raise BundleError("unreadable bundle: bytes beyond its entries")
+
+
+class _Body:
+    def __init__(self, reader: BundleReader, change: Change) -> None:
+        self.reader, self.change = reader, change
+        self.left = change.written.size
+        self.digest = hashlib.sha256()
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        while self.left:
+            chunk = await self.reader._some(min(self.left, CHUNK_BYTES))
+            self.left -= len(chunk)
+            self.digest.update(chunk)
+            yield chunk
+        if self.digest.hexdigest() != self.change.written.sha256:
+            raise BundleError(f"bundle entry {self.change.key!r} does not match its sha256")
+
+    async def drain(self) -> None:
+        async for _ in self.chunks():
+            pass
+
+
+_T = TypeVar("_T")
+
+
+def _run_now(coro: Coroutine[object, object, _T]) -> _T:
+    """The result of a coroutine that never waits (a reader over bytes in hand)."""
     try:
-        blob, _ = await store.get(bundle_key(root_name))
+        coro.send(None)
+    except StopIteration as done:
+        return done.value
+    coro.close()
+    raise RuntimeError("the coroutine waited")
+
+
+async def _one(blob: bytes) -> AsyncIterator[bytes]:
+    if blob:
+        yield blob
+
+
+async def read_all(reader: BundleReader) -> tuple[str, list[Change]]:
+    """Every change of the bundle with its bytes held: for small bundles and tests only."""
+    root, _ = await reader.header()
+    got: dict[str, bytes] = {}
+    async for c, body in reader.files():
+        got[c.key] = b"".join([chunk async for chunk in body])
+    return root, [c if c.meta is None else replace(c, data=got[c.key]) for c in reader.changes]
+
+
+def decode_bundle(blob: bytes) -> tuple[str, list[Change]]:
+    """The root and changes (with their bytes) a bundle of either version holds;
+    :class:`BundleError` for anything else."""
+    return _run_now(read_all(BundleReader(_one(blob))))
+
+
+async def open_bundle(store: Store, root_name: str) -> tuple[BundleReader, AsyncIterator[bytes]] | None:
+    """The root's outstanding bundle, its header read (:meth:`BundleReader.header`), and its
+    stream (to close once done with); None when there is none."""
+    try:
+        _, chunks = await store.get_stream(bundle_key(root_name))
     except NotFound:
         return None
-    _, changes = decode_bundle(blob)
-    return changes
+    reader = BundleReader(chunks)
+    try:
+        await reader.header()
+    except BaseException:
+        await close_stream(chunks)
+        raise
+    return reader, chunks
+
+
+async def close_stream(chunks: AsyncIterator[bytes]) -> None:
+    aclose = getattr(chunks, "aclose", None)
+    if aclose is not None:
+        with anyio.CancelScope(shield=True):
+            await aclose()
 
 
 class Committer:
@@ -158,12 +456,18 @@ class Committer:
 
         def snapshot() -> list[Change] | None:
             before, _ = scan_root(root, self.ignore)
-            changes = []
+            changes: list[Change] = []
+            held = 0
             for key in sorted(keys):
                 if key in before:
                     _, parts = split_key(key, self.roots_by_name)
                     try:
-                        data, meta = read_stable(root, parts, self.max_file_size)
+                        data: bytes | FileSource
+                        if held + before[key].size <= HELD_MAX:
+                            data, meta = read_stable(root, parts, self.max_file_size)
+                            held += len(data)
+                        else:  # hashed now, streamed from the disk when stored (checked to be this version)
+                            data, meta = hash_stable(root, parts, self.max_file_size)
                     except (Vanished, Unstable):
                         return None
                     changes.append(Change(key, data, meta))
@@ -175,10 +479,16 @@ class Committer:
         changes = await anyio.to_thread.run_sync(snapshot)
         if changes is None:
             return False
-        changes = [c for c in changes if c.data is None or not (
+        changes = [c for c in changes if c.meta is None or not (
             (info := self.known.get(c.key)) is not None and info.same_as(c.written))]
         async with self._lock(root.name):
-            await self._apply(root, changes)
+            try:
+                await self._apply(root, changes)
+            except (Unstable, Vanished):
+                # A streamed file changed after the snapshot: nothing of it was stored. A bundle
+                # already stored stays (restore lays it over a half-applied batch); the next
+                # commit replaces it with the disk's new state.
+                return False
         log.debug("snapshot_committed", root=root.name, changes=len(changes))
         return True
 
@@ -186,20 +496,26 @@ class Committer:
         # Every write proves ownership (free within the fence's window): a large commit can outlast
         # one proof, and a newer owner's objects must never see our writes after it.
         if len(changes) > 1 or (changes and self.known.has_bundle(root.name)):
-            blob = encode_bundle(root.name, changes)
+            blob: bytes | BundleSource
+            if all(not isinstance(c.data, FileSource) for c in changes):
+                blob = encode_bundle(root.name, changes)  # at most HELD_MAX of files: one request
+                meta = ObjectMeta.of(blob, time.time_ns(), 0o600)
+            else:  # streamed, never held: read once for its digests, then again for the store
+                blob = await anyio.to_thread.run_sync(BundleSource.measure, root.name, changes)
+                meta = ObjectMeta(blob.size, blob.sha256, time.time_ns(), 0o600)
             await self.guard()
-            await self.store.put(bundle_key(root.name), blob,
-                                 ObjectMeta.of(blob, time.time_ns(), 0o600, version=self.version()))
+            await self.store.put(bundle_key(root.name), blob, replace(meta, version=self.version()))
             self.known.add_bundle(root.name)
         for c in changes:  # the bundle makes the batch atomic; order within it does not matter
             await self.guard()
-            if c.data is None:
+            if c.meta is None:
                 await self.store.delete(c.key)
                 self.known.deleted(c.key)
                 self.totals.deleted()
             else:
-                self.known.stored(c.key, await self.store.put(c.key, c.data, replace(c.written, version=self.version())))
-                self.totals.uploaded(len(c.data))
+                assert c.data is not None
+                self.known.stored(c.key, await self.store.put(c.key, c.data, replace(c.meta, version=self.version())))
+                self.totals.uploaded(c.meta.size)
         if self.known.has_bundle(root.name):
             await self.guard()
             await self.store.delete(bundle_key(root.name))

@@ -24,12 +24,22 @@ from sidecar import log, metrics
 from sidecar.fence import Fence, Fenced
 from sidecar.hints import Hints
 from sidecar.known import StoreState
-from sidecar.localfs import TooLarge, Unstable, Vanished, read_for_upload, release_free_memory
+from sidecar.localfs import (
+    SMALL_BODY,
+    ByteBudget,
+    FileSource,
+    TooLarge,
+    Unstable,
+    Vanished,
+    body_bytes,
+    read_for_upload,
+    release_free_memory,
+)
 from sidecar.paths import IgnoreRules, Root, split_key
 from sidecar.queue import DELETE, UPLOAD, Kind, Op, PendingSet
 from sidecar.retry import Retry, StoreHealth
 from sidecar.snapshot import Committer
-from sidecar.store.base import Store, StoreError
+from sidecar.store.base import ObjectMeta, Store, StoreError
 
 #: Store operations after which going idle also hands freed heap memory back to the system.
 TRIM_AFTER_OPS = 256
@@ -78,6 +88,8 @@ class Uploader:
         self._idle = anyio.Event()
         self._idle.set()
         self._ops_since_trim = 0
+        #: the file bodies the uploads hold in memory (see localfs.BODY_BUDGET)
+        self.bodies = ByteBudget()
 
     # -- producers -------------------------------------------------------------------------
     def _notify(self) -> None:
@@ -264,19 +276,34 @@ class Uploader:
     # -- per-file uploads ------------------------------------------------------------------
     async def _upload(self, op: Op, started: float | None) -> None:
         root, parts = split_key(op.key, self.roots_by_name)
+        got = await self._read(op, root, parts, SMALL_BODY)
+        if isinstance(got, int):  # larger than a checkpoint: read once its bytes fit in the budget
+            async with self.bodies.hold(body_bytes(got)):
+                got = await self._read(op, root, parts, 2**63)
+                assert not isinstance(got, int)
+                if got is not None:
+                    await self._store(op, root, parts, *got, started)
+        elif got is not None:
+            await self._store(op, root, parts, *got, started)
+
+    async def _read(self, op: Op, root: Root, parts: list[str],
+                    read_max: int) -> "tuple[bytes | FileSource, ObjectMeta] | int | None":
+        """:func:`read_for_upload`; None when there is nothing to upload (the file is gone,
+        too large or unreadable: handled here)."""
         try:
-            data, meta = await anyio.to_thread.run_sync(read_for_upload, root, parts, self.max_file_size)
+            return await anyio.to_thread.run_sync(read_for_upload, root, parts, self.max_file_size, read_max)
         except Vanished:
             # gone since the hint: mirror the delete, behind the barrier like any other
             if op.key in self.known:
                 self.mark(op.key, DELETE)
-            return
         except TooLarge as e:
             self.hints.skip(op.key, root, parts, "too_large", str(e))
-            return
         except OSError as e:
             self.hints.skip(op.key, root, parts, "unreadable", e.strerror or type(e).__name__)
-            return
+        return None
+
+    async def _store(self, op: Op, root: Root, parts: list[str], data: bytes | FileSource, meta: ObjectMeta,
+                     started: float | None) -> None:
         self.known.unskip(op.key)
         known = self.known.get(op.key)
         if known is None or not known.same_as(meta):

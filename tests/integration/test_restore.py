@@ -112,6 +112,15 @@ class MemoryStore:
             raise NotFound(key)
         return self.objects[key], self._info(key)
 
+    async def get_stream(self, key):
+        data, info = await self.get(key)
+
+        async def chunks():
+            for i in range(0, len(data), 4096):
+                yield data[i : i + 4096]
+
+        return info, chunks()
+
     async def put(self, key, data, meta: ObjectMeta):
         raise NotImplementedError
 
@@ -272,6 +281,66 @@ def test_a_cut_short_snapshot_commit_is_laid_over_the_files_it_names(tmp_path):
     assert not list(tmp_path.rglob(".sidecar-restoring"))
 
 
+def _bundle_store(tmp_path, fail_after: int | None, replaced: bytes | None = None):
+    """A store holding a bundle of two files (one streamed in several chunks) whose first stream
+    breaks off (a transient error) after ``fail_after`` bytes; ``replaced``: the bundle another
+    sidecar wrote meanwhile, served from then on."""
+    from sidecar.snapshot import Change, bundle_key, encode_bundle
+
+    big = bytes(range(256)) * 4096  # 1 MiB: streamed into place
+    changes = [Change(".checkpoints/big.bin", big, ObjectMeta.of(big, 2, 0o600)),
+               Change(".checkpoints/small.json", b"new", ObjectMeta.of(b"new", 2, 0o600))]
+    key = bundle_key(".checkpoints")
+
+    class BreaksOnce(MemoryStore):
+        streams = 0
+
+        async def get_stream(self, k):
+            info, chunks = await super().get_stream(k)
+            if k != key:
+                return info, chunks
+            self.streams += 1
+            if self.streams > 1:
+                if replaced is not None:
+                    self.objects[key] = replaced
+                return await super().get_stream(k)
+
+            async def breaking():
+                sent = 0
+                async for chunk in chunks:
+                    if fail_after is not None and sent >= fail_after:
+                        raise TransientStoreError("connection reset; will retry")
+                    sent += len(chunk)
+                    yield chunk
+
+            return info, breaking()
+
+    store = BreaksOnce({".checkpoints/big.bin": b"old", ".checkpoints/small.json": b"old",
+                        key: encode_bundle(".checkpoints", changes)})
+    return store, big
+
+
+def test_a_bundle_read_cut_short_is_read_again(tmp_path):
+    store, big = _bundle_store(tmp_path, fail_after=600 * 1024)
+    root = Root(".checkpoints", str(tmp_path / "w" / ".checkpoints"))
+    _, result = anyio.run(lambda: restore(store, [root], deadline=time.monotonic() + 30))
+    assert store.streams == 2
+    assert disk_tree(tmp_path) == {"w/.checkpoints/big.bin": big, "w/.checkpoints/small.json": b"new"}
+    assert not list(tmp_path.rglob(".sidecar-restore*"))  # no temp file left behind
+
+
+def test_a_bundle_replaced_while_it_is_read_fails_the_restore(tmp_path):
+    from sidecar.restorer import RestoreError
+    from sidecar.snapshot import Change, encode_bundle
+
+    other = encode_bundle(".checkpoints", [Change(".checkpoints/small.json", b"newer", ObjectMeta.of(b"newer", 3, 0o600))])
+    store, _ = _bundle_store(tmp_path, fail_after=600 * 1024, replaced=other)
+    root = Root(".checkpoints", str(tmp_path / "w" / ".checkpoints"))
+    with pytest.raises(RestoreError, match="bundle of .* changed while it was being restored"):
+        anyio.run(lambda: restore(store, [root], deadline=time.monotonic() + 30))
+    assert (tmp_path / "w/.checkpoints/.sidecar-restoring").exists()
+
+
 def test_a_root_with_nothing_stored_is_not_even_created(tmp_path):
     store = MemoryStore({".checkpoints/a.json": b"a"})
     roots = [Root(".checkpoints", str(tmp_path / "w" / ".checkpoints")),
@@ -348,11 +417,14 @@ def test_downloads_do_not_wait_for_the_bundle_but_writes_do(tmp_path):
     root = Root(".checkpoints", str(tmp_path / "w" / ".checkpoints"))
 
     class SlowBundleStore(MemoryStore):
-        async def get(self, key):
+        async def get_stream(self, key):
             if key == bundle_key(".checkpoints"):
                 await downloading.wait()
                 written_before_answer.extend(os.listdir(root.path))
                 raise NotFound(key)
+            return await super().get_stream(key)
+
+        async def get(self, key):
             downloading.set()
             return await super().get(key)
 
