@@ -308,3 +308,38 @@ def test_an_azure_record_names_the_container_and_no_credential(tmp_path, azurite
     sc = sync_once(work, env)
     assert "merging" in decision(sc)["reason"]
     assert disk_tree(work / ".checkpoints") == {"a.json": b"a", "stray.json": b"image"}
+
+
+def test_a_root_the_restore_never_listed_keeps_its_stored_files(tmp_path):
+    """The store could not be listed at start and SIDECAR_RESTORE_OPTIONAL started the host anyway
+    (``prepare`` never ran): a root with files and no record is not the truth, so a later full
+    listing deletes none of its stored files."""
+    import anyio
+
+    from sidecar.config import load
+    from sidecar.daemon import Daemon
+    from sidecar.restorer import list_store
+    from sidecar.store.directory import DirectoryStore
+
+    env, top = seeded(tmp_path)
+    work = tmp_path / "work"
+    write_atomic(work / ".checkpoints" / "stray.json", b"from the image")
+    settings, roots = load({"store": str(tmp_path / "store"), "reconcile_interval": 0}, cwd=str(work))
+    store = DirectoryStore(str(tmp_path / "store"))
+
+    async def main():
+        await store.open()
+        daemon = Daemon(settings, roots, store)  # no prepare: the restore never happened
+        async with anyio.create_task_group() as tg:
+            await tg.start(daemon.serve)
+            assert ".checkpoints" in daemon.kept_roots
+            listing = await list_store(store, roots)  # the store answers again
+            await daemon.reconcile(remote=listing.objects)
+            with anyio.fail_after(10):
+                await daemon.uploader.wait_idle()
+            tg.cancel_scope.cancel()
+        await store.aclose()
+
+    anyio.run(main)
+    assert store_tree(top) == {**STORED, "stray.json": b"from the image"}
+    assert record(work) is None
