@@ -29,6 +29,7 @@ from sidecar.localfs import (
     absent,
     below_root_without_links,
     has_regular_files,
+    lineage_recorded,
     load_kept,
     read_lineage,
     restore_cut_short,
@@ -275,8 +276,8 @@ class Daemon:
     async def _record_due(self, roots: list[Root]) -> None:
         """Record the lineage of the due roots that exist now, before anything of them is queued."""
         for root in roots:
-            if root.name in self.lineage_due and await record_lineage(root, self.lineage):
-                self.lineage_due.discard(root.name)
+            if root.name in self.lineage_due and await record_lineage(root, self.lineage) is not None:
+                self.lineage_due.discard(root.name)  # recorded, or it cannot be (logged; tried again next reconcile)
 
     async def _on_roots_changed(self, roots: list[Root]) -> None:
         await self.reconcile(only=roots)
@@ -300,8 +301,6 @@ class Daemon:
                 self.protected.discard(root.name)
             elif initial and root.name not in (self.health.restore.restored_roots() if self.health.restore else set()):
                 self.protected.add(root.name)
-            if files and root.name in self.lineage_due:
-                await self._record_due([root])
             if initial and root.name not in self.lineage_due \
                     and await anyio.to_thread.run_sync(read_lineage, root) != self.lineage:
                 self.unproven.add(root.name)
@@ -309,6 +308,10 @@ class Daemon:
                     log.warning("root_unproven_protected", root=root.path,
                                 detail="this disk holds no record that this namespace filled it and it was not restored: "
                                        "its stored files are kept (never deleted); a restore merges them in")
+            elif root.name not in self.unproven and not lineage_recorded(root):
+                self.lineage_due.add(root.name)  # the host removed the root, and the record with it
+            if files and root.name in self.lineage_due:
+                await self._record_due([root])
             if initial and restore_cut_short(root):
                 self.incomplete.add(root.name)
                 log.warning("restore_incomplete_root_protected", root=root.path,

@@ -653,6 +653,12 @@ def write_lineage(root: Root, lineage: Lineage) -> None:
         os.close(dfd)
 
 
+def lineage_recorded(root: Root) -> bool:
+    """Whether ``root`` carries a lineage record at all (a ``stat``: cheap enough for every
+    reconcile; :func:`read_lineage` says whose it is)."""
+    return os.path.lexists(os.path.join(root.path, LINEAGE_FILE))
+
+
 #: Local files are hashed in chunks of this size when compared with their stored version.
 HASH_CHUNK = 1024 * 1024
 

@@ -536,21 +536,22 @@ def lineage_of(store: Store, namespace: str) -> Lineage:
     return Lineage(store.description, namespace)
 
 
-async def record_lineage(root: Root, lineage: Lineage, result: RestoreResult | None = None) -> bool:
-    """Record that ``lineage`` filled or mirrors ``root`` (see :func:`~sidecar.localfs.write_lineage`).
-    False when the root does not exist yet (in ``result.unrecorded``: recorded before its first
-    upload) or the record cannot be written (logged: the root is then not the truth on the next
-    start, and is merged, which loses nothing)."""
+async def record_lineage(root: Root, lineage: Lineage, result: RestoreResult | None = None) -> bool | None:
+    """Record that ``lineage`` filled or mirrors ``root`` (see :func:`~sidecar.localfs.write_lineage`):
+    True. None when the root does not exist yet (added to ``result.unrecorded``: recorded before
+    its first upload); False when the record cannot be written (logged: the root is then not the
+    truth on the next start, and is merged, which loses nothing)."""
     try:
         await anyio.to_thread.run_sync(write_lineage, root, lineage)
         return True
     except FileNotFoundError:
         if result is not None:
             result.unrecorded.add(root.name)
+        return None
     except OSError as e:
         log.warning("lineage_unrecorded", root=root.path, error=e.strerror or type(e).__name__,
                     detail="the next start takes this root for a new disk and merges it from the store")
-    return False
+        return False
 
 
 async def _write_streamed(root: Root, parts: list[str], chunks, got: ObjectInfo, expected: str | None) -> None:

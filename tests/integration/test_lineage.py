@@ -83,8 +83,18 @@ def test_a_root_the_host_creates_later_is_recorded_before_its_first_upload(tmp_p
         write_atomic(work / ".checkpoints" / "c" / "1.json", b"x")
         wait_for(lambda: store_tree(tmp_path / "store") == {"c/1.json": b"x"}, 15, "the first upload", sc.log)
         assert record(work) == {"store": f"file://{tmp_path / 'store'}", "namespace": ""}
+        shutil.rmtree(work / ".checkpoints")  # the host removes the root, the record with it
+        wait_for(lambda: store_tree(tmp_path / "store") == {}, 15, "the root's removal mirrored", sc.log)
+        write_atomic(work / ".checkpoints" / "c" / "2.json", b"y")
+        write_atomic(work / ".checkpoints" / "c" / "3.json", b"z")
+        wait_for(lambda: len(store_tree(tmp_path / "store")) == 2, 15, "the new root's uploads", sc.log)
+        assert record(work) is not None
     finally:
         assert sc.stop() == 0, sc.log()[-3000:]
+    (work / ".checkpoints" / "c" / "3.json").unlink()  # pruned while the sidecar is down
+    sc = sync_once(work, env)
+    assert "the disk is the truth" in decision(sc)["reason"]
+    assert store_tree(tmp_path / "store") == {"c/2.json": b"y"}
 
 
 def test_record_io_is_safe_and_bounded(tmp_path):
