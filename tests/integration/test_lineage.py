@@ -353,3 +353,18 @@ def test_a_root_the_restore_never_listed_keeps_its_stored_files(tmp_path):
     anyio.run(main)
     assert store_tree(top) == {**STORED, "stray.json": b"from the image"}
     assert record(work) is None
+
+
+def test_a_stored_file_a_merge_cannot_place_is_kept_not_deleted(tmp_path):
+    """A new disk holds a directory where a stored file goes: the merge refuses that file (nothing
+    is written through or over the directory), records it in ``.sidecar-kept``, and its absence on
+    disk deletes it on no start. (What the store does with the local directory's own files is the
+    file/directory swap's rule, not the merge's.)"""
+    env, top = seeded(tmp_path)
+    work = tmp_path / "work"
+    write_atomic(work / ".checkpoints" / "resp_1" / "a.json" / "inner.json", b"a directory of the image's")
+    for _start in (1, 2):
+        sc = sync_once(work, env)
+        assert all(e["delete"] == 0 for e in sc.events() if e.get("event") in ("reconcile_start", "final_rescan"))
+        assert ".checkpoints/resp_1/a.json" in json.loads((work / ".checkpoints" / ".sidecar-kept").read_text())
+    assert (work / ".checkpoints" / "resp_1" / "a.json" / "inner.json").read_bytes() == b"a directory of the image's"
