@@ -29,14 +29,16 @@ from sidecar.localfs import (
     absent,
     below_root_without_links,
     has_regular_files,
+    lineage_recorded,
     load_kept,
+    read_lineage,
     restore_cut_short,
     save_kept,
     scan_root,
 )
-from sidecar.paths import IgnoreRules, Root
+from sidecar.paths import IgnoreRules, Root, is_within
 from sidecar.plan import plan_reconcile_queue
-from sidecar.restorer import RestoreResult, list_store, restore
+from sidecar.restorer import RestoreResult, lineage_of, list_store, record_lineage, restore
 from sidecar.retry import reported_wait, retry_transient
 from sidecar.store.base import Store, StoreError
 
@@ -120,11 +122,21 @@ class Daemon:
         #: roots still holding a cut-short restore (not restored again, e.g. ``--no-restore``): a
         #: fragment of the stored state, so their stored files are never deleted
         self.incomplete: set[str] = set()
+        #: the lineage this sidecar's roots are recorded with (see sidecar.restorer.lineage_of)
+        self.lineage = lineage_of(store, settings.namespace.path)
+        #: roots that are this namespace's but did not exist at the restore: recorded before their
+        #: first upload is queued
+        self.lineage_due: set[str] = set()
+        #: roots with neither this namespace's record nor a restore that filled them (not restored:
+        #: ``--no-restore``, or an unreachable store with SIDECAR_RESTORE_OPTIONAL): the disk is not
+        #: the truth, so their stored files are never deleted
+        self.unproven: set[str] = set()
 
     @property
     def kept_roots(self) -> set[str]:
-        """Roots whose stored files are never deleted: empty and not restored, or cut short."""
-        return self.protected | self.incomplete
+        """Roots whose stored files are never deleted: empty and not restored, cut short, or a disk
+        this namespace is not known to hold."""
+        return self.protected | self.incomplete | self.unproven
 
     @property
     def snapshot_roots(self) -> set[str]:
@@ -165,7 +177,9 @@ class Daemon:
                               deadline)
         listing, result = await restore(self.store, self.roots, mode=self.settings.restore,
                                         concurrency=self.settings.concurrency, deadline=deadline,
-                                        on_corrupt=self.settings.restore_corrupt, max_file_size=self.settings.max_file_size)
+                                        on_corrupt=self.settings.restore_corrupt, max_file_size=self.settings.max_file_size,
+                                        namespace=ns.path)
+        self.lineage_due = set(result.unrecorded)
         self.namespace_empty = not listing.objects and not listing.bundles and not listing.unsafe
         self.stored_max_version = listing.max_version
         assert "uploader" not in vars(self), "the uploader is made after the restore, with its listing"
@@ -259,7 +273,16 @@ class Daemon:
         self.health.set("fenced", fence.fenced if fence and fence.fenced else "fenced by a newer sidecar")
 
     async def _on_paths(self, paths: list[str]) -> None:
+        if self.lineage_due:
+            await self._record_due([r for r in self.roots if r.name in self.lineage_due
+                                    and any(is_within(p, r.path) for p in paths)])
         self.uploader.mark_paths(paths)
+
+    async def _record_due(self, roots: list[Root]) -> None:
+        """Record the lineage of the due roots that exist now, before anything of them is queued."""
+        for root in roots:
+            if root.name in self.lineage_due and await record_lineage(root, self.lineage) is not None:
+                self.lineage_due.discard(root.name)  # recorded, or it cannot be (logged; tried again next reconcile)
 
     async def _on_roots_changed(self, roots: list[Root]) -> None:
         await self.reconcile(only=roots)
@@ -283,6 +306,17 @@ class Daemon:
                 self.protected.discard(root.name)
             elif initial and root.name not in (self.health.restore.restored_roots() if self.health.restore else set()):
                 self.protected.add(root.name)
+            if initial and root.name not in self.lineage_due \
+                    and await anyio.to_thread.run_sync(read_lineage, root) != self.lineage:
+                self.unproven.add(root.name)
+                if files:
+                    log.warning("root_unproven_protected", root=root.path,
+                                detail="this disk holds no record that this namespace filled it and it was not restored: "
+                                       "its stored files are kept (never deleted); a restore merges them in")
+            elif root.name not in self.unproven and not lineage_recorded(root):
+                self.lineage_due.add(root.name)  # the host removed the root, and the record with it
+            if files and root.name in self.lineage_due:
+                await self._record_due([root])
             if initial and restore_cut_short(root):
                 self.incomplete.add(root.name)
                 log.warning("restore_incomplete_root_protected", root=root.path,

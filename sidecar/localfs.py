@@ -17,7 +17,7 @@ from typing import AsyncIterator, Generator
 
 import anyio
 
-from sidecar.paths import KEPT_FILE, MAX_KEY_BYTES, RESTORE_MARKER, RESTORE_TMP_PREFIX, IgnoreRules, Root
+from sidecar.paths import KEPT_FILE, LINEAGE_FILE, MAX_KEY_BYTES, RESTORE_MARKER, RESTORE_TMP_PREFIX, IgnoreRules, Root
 from sidecar.store.base import CHUNK_BYTES, ObjectMeta
 
 
@@ -174,7 +174,7 @@ def has_regular_files(path: str) -> bool:
             continue
         with it:
             for entry in it:
-                if entry.is_file(follow_symlinks=False) and entry.name != KEPT_FILE:
+                if entry.is_file(follow_symlinks=False) and entry.name not in (KEPT_FILE, LINEAGE_FILE):
                     return True
                 if entry.is_dir(follow_symlinks=False):
                     stack.append(entry.path)
@@ -653,6 +653,110 @@ def save_kept(root: Root, keys: set[str]) -> None:
         os.rename(tmp, KEPT_FILE, src_dir_fd=dfd, dst_dir_fd=dfd)
     finally:
         os.close(dfd)
+
+
+@dataclass(frozen=True)
+class Lineage:
+    """Which store and namespace a root's files came from or went to: the store's description
+    (secret-free, its prefix included) and the namespace path."""
+
+    store: str
+    namespace: str
+
+
+#: The lineage record is tiny; anything larger is not ours.
+MAX_LINEAGE_BYTES = 64 * 1024
+
+
+def read_lineage(root: Root) -> Lineage | None:
+    """The lineage recorded at the top of ``root`` (a bounded regular file read without following
+    links); None when there is none, it cannot be read, or it is not ours."""
+    try:
+        dfd = _open_root(root.path, create=False)
+    except OSError:
+        return None
+    try:
+        fd = os.open(LINEAGE_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+    except OSError:
+        return None
+    finally:
+        os.close(dfd)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        raw = os.read(fd, MAX_LINEAGE_BYTES + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    try:
+        record = json.loads(raw) if len(raw) <= MAX_LINEAGE_BYTES else None
+    except ValueError:
+        return None
+    if not isinstance(record, dict) or not isinstance(record.get("store"), str) \
+            or not isinstance(record.get("namespace"), str):
+        return None
+    return Lineage(record["store"], record["namespace"])
+
+
+def write_lineage(root: Root, lineage: Lineage) -> None:
+    """Record ``lineage`` at the top of ``root``, durably and atomically (temp file, fsync, rename,
+    directory fsync): after a crash the root carries the old record or the new, whole. The root is
+    never created: FileNotFoundError when it does not exist."""
+    dfd = _open_root(root.path, create=False)
+    try:
+        tmp = RESTORE_TMP_PREFIX + secrets.token_hex(6)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+        try:
+            try:
+                os.write(fd, json.dumps({"store": lineage.store, "namespace": lineage.namespace}).encode())
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.rename(tmp, LINEAGE_FILE, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            try:
+                os.unlink(tmp, dir_fd=dfd)
+            except OSError:
+                pass
+            raise
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def lineage_recorded(root: Root) -> bool:
+    """Whether ``root`` carries a lineage record at all (a ``stat``: cheap enough for every
+    reconcile; :func:`read_lineage` says whose it is)."""
+    return os.path.lexists(os.path.join(root.path, LINEAGE_FILE))
+
+
+#: Local files are hashed in chunks of this size when compared with their stored version.
+HASH_CHUNK = 1024 * 1024
+
+
+def local_matches(root: Root, parts: list[str], size: int, sha256: str | None) -> bool | None:
+    """Whether the regular file at ``root/parts...`` (reached without following any symlink below
+    the root) holds the bytes of size ``size`` and hash ``sha256``: None when there is no such
+    file, False when it differs (a different size, or a hash that cannot be compared). Hashed a
+    chunk at a time, so memory stays bounded whatever the size."""
+    try:
+        fd = _open_file_nofollow(root, parts)
+    except Vanished:
+        return None
+    except OSError:
+        return False  # there, but unreadable: the stored version replaces it
+    try:
+        if os.fstat(fd).st_size != size or sha256 is None:
+            return False
+        digest = hashlib.sha256()
+        while chunk := os.read(fd, HASH_CHUNK):
+            digest.update(chunk)
+        return digest.hexdigest() == sha256
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def restore_cut_short(root: Root) -> bool:

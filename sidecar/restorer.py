@@ -9,7 +9,9 @@ so a stored name can never land outside its root. The restored filesystem is flu
 (``syncfs``; a large restore also as it fills) so a power loss cannot leave empty files that a
 later ``sync`` would take for the truth. A root gets a restore marker before its first file and
 loses it after the flush, so a restore cut short is known as such. Which roots are restored
-follows :func:`sidecar.plan.decide_restore`.
+follows :func:`sidecar.plan.decide_restore`; a root that is this namespace's disk once the restore
+ends gets its lineage record (:func:`record_lineage`), after its files are flushed and before its
+marker goes.
 """
 
 from __future__ import annotations
@@ -32,22 +34,26 @@ from sidecar.localfs import (
     STREAM_MIN,
     ByteBudget,
     ChecksumMismatch,
+    Lineage,
     OpenDirs,
     RestoreTemp,
     UnsafeTarget,
     body_bytes,
     clear_restoring,
     has_regular_files,
+    local_matches,
     mark_restoring,
     printable,
+    read_lineage,
     remove_stale_restore_temps,
     restore_cut_short,
     syncfs,
     unmirrorable_reason,
+    write_lineage,
     write_restored,
 )
 from sidecar.paths import Root, UnsafeKey, split_key
-from sidecar.plan import RootDecision, decide_restore, may_restore
+from sidecar.plan import RootDecision, decide_restore
 from sidecar.retry import retry_transient
 from sidecar.snapshot import BUNDLE_DIR, BundleError, Change, close_stream, open_bundle
 from sidecar.store.base import NotFound, ObjectInfo, Store, StoreError
@@ -151,6 +157,12 @@ class RestoreResult:
     quarantined: list[str] = field(default_factory=list)  # corrupt objects left out (on_corrupt="skip")
     unverified: int = 0
     generated_names: set[str] = field(default_factory=set)
+    #: merged roots' local files whose bytes differed from their stored version: replaced by it
+    replaced: list[str] = field(default_factory=list)
+    #: merged roots' local files that already held their stored bytes: left as they were
+    in_place: int = 0
+    #: roots that are this namespace's but do not exist yet: recorded before their first upload
+    unrecorded: set[str] = field(default_factory=set)
 
     def restored_roots(self) -> set[str]:
         return {d.name for d in self.decisions if d.restore}
@@ -215,8 +227,9 @@ class _Restore:
     the listing is still being fetched and parsed."""
 
     def __init__(self, store: Store, roots: list[Root], candidates: dict[str, Root], result: RestoreResult,
-                 on_corrupt: str = "fail", max_file_size: int = 2**63) -> None:
+                 on_corrupt: str = "fail", max_file_size: int = 2**63, merging: set[str] = frozenset()) -> None:  # type: ignore[assignment]
         self.store = store
+        self.merging = merging  # candidates merged: a local file with the stored bytes is left in place
         self.max_file_size = max_file_size  # larger objects are refused (kept in the store)
         self.on_corrupt = on_corrupt  # "fail": a corrupt object fails the restore; "skip": quarantined
         self.by_name = {r.name: r for r in roots}
@@ -373,6 +386,14 @@ class _Restore:
             self.result.refused.append(info.key)
             self.progress.forget(info.size)
             return
+        replacing = False
+        if root.name in self.merging:
+            same = await anyio.to_thread.run_sync(local_matches, root, parts, info.size, info.sha256)
+            if same:
+                self.result.in_place += 1
+                self.progress.forget(info.size)
+                return
+            replacing = same is False
         streamed = info.size > STREAM_MIN
         data = b""
         for attempt in (1, 2):
@@ -437,6 +458,11 @@ class _Restore:
             name = generated_name(data)
             if name:
                 self.result.generated_names.add(name)
+        if replacing:
+            self.result.replaced.append(info.key)
+            log.warning("restore_replaced_local", path=info.key,
+                        detail="this disk's file differed from its stored version and the disk holds no record that "
+                               "this namespace filled it: replaced by the stored version (its bytes were not uploaded)")
         size = got.size if streamed else len(data)
         self.progress.add(size)
         metrics.restored(size)
@@ -465,27 +491,36 @@ async def restore(
     deadline: float = 0.0,
     on_corrupt: str = "fail",
     max_file_size: int = 2**63,
+    namespace: str = "",
 ) -> tuple[Listing, RestoreResult]:
     """Restore by the rule (:func:`sidecar.plan.decide_restore`) while the store is listed; the
     listing (the store's content, for mirroring) and what was restored. A listing or bundle read
     that fails transiently is retried until ``deadline`` (monotonic; by default not at all). An
     object whose bytes do not match their recorded sha256 fails the restore (``on_corrupt="fail"``)
-    or is left out and reported in ``RestoreResult.quarantined`` (``"skip"``)."""
+    or is left out and reported in ``RestoreResult.quarantined`` (``"skip"``). ``namespace``
+    names, with the store's description, the lineage (:func:`lineage_of`) the roots are checked
+    against and recorded with."""
     t0 = time.monotonic()
     result = RestoreResult()
+    lineage = lineage_of(store, namespace)
     # Which roots may be filled depends on the disk alone; whether anything is stored for them
     # is known when the listing ends, and a root gets its restore marker with its first file.
-    disk: dict[str, tuple[bool, bool]] = {}
+    disk: dict[str, tuple[bool, bool, bool]] = {}
     candidates: dict[str, Root] = {}
+    merging: set[str] = set()
     for root in roots:
         local = await anyio.to_thread.run_sync(has_regular_files, root.path)
         cut_short = restore_cut_short(root)
-        disk[root.name] = (local, cut_short)
-        if may_restore(local, mode, cut_short):
+        held = await anyio.to_thread.run_sync(read_lineage, root) == lineage
+        disk[root.name] = (local, cut_short, held)
+        first = decide_restore(root.name, local, 1, mode, cut_short, held)  # if anything is stored
+        if first.restore:
             candidates[root.name] = root
+            if first.merge:
+                merging.add(root.name)
             await anyio.to_thread.run_sync(remove_stale_restore_temps, root)
 
-    run = _Restore(store, roots, candidates, result, on_corrupt, max_file_size)
+    run = _Restore(store, roots, candidates, result, on_corrupt, max_file_size, merging)
     try:
         async with anyio.create_task_group() as flushing:
             flushing.start_soon(_flush_as_it_fills, run.progress, run.started)
@@ -507,8 +542,8 @@ async def restore(
                                 "it was being restored (an older sidecar is still writing); restore again")
                     stored = run.stored()
                     for root in roots:
-                        local, cut_short = disk[root.name]
-                        d = decide_restore(root.name, local, stored[root.name], mode, cut_short)
+                        local, cut_short, held = disk[root.name]
+                        d = decide_restore(root.name, local, stored[root.name], mode, cut_short, held)
                         result.decisions.append(d)
                         log.info("restore_decision", root=root.path, restore=d.restore, reason=d.reason,
                                  stored=stored[root.name])
@@ -526,12 +561,19 @@ async def restore(
     finally:
         run.dirs.close()
     run.progress.finish()
+    owned = {d.name for d in result.decisions if d.owned and not disk[d.name][2]}
     for root in candidates.values():
         if root.name in run.started:
             await anyio.to_thread.run_sync(syncfs, root.path)
-            clear_restoring(root)  # every file is in place and flushed
+            # every file is in place and flushed: recorded as this namespace's, then the marker goes
+            await record_lineage(root, lineage, result)
+            owned.discard(root.name)
+            clear_restoring(root)
         elif disk[root.name][1]:
             clear_restoring(root)  # a cut-short restore, and nothing is stored any more: the disk is all there is
+    for root in roots:
+        if root.name in owned:  # nothing stored for it: the disk is all there is
+            await record_lineage(root, lineage, result)
 
     result.files, result.bytes = run.progress.files, run.progress.bytes
     result.seconds = time.monotonic() - t0
@@ -546,8 +588,33 @@ async def restore(
             ),
         )
     log.info("restore_done", files=result.files, bytes=result.bytes, seconds=round(result.seconds, 3),
-             refused=len(result.refused), quarantined=len(result.quarantined), unverified=result.unverified)
+             refused=len(result.refused), quarantined=len(result.quarantined), unverified=result.unverified,
+             **({"replaced": len(result.replaced), "in_place": result.in_place} if merging else {}))
     return run.listing, result
+
+
+def lineage_of(store: Store, namespace: str) -> Lineage:
+    """The lineage a root this sidecar fills or mirrors is recorded with: the store's description
+    (secret-free, with its prefix) and the namespace path."""
+    return Lineage(store.description, namespace)
+
+
+async def record_lineage(root: Root, lineage: Lineage, result: RestoreResult | None = None) -> bool | None:
+    """Record that ``lineage`` filled or mirrors ``root`` (see :func:`~sidecar.localfs.write_lineage`):
+    True. None when the root does not exist yet (added to ``result.unrecorded``: recorded before
+    its first upload); False when the record cannot be written (logged: the root is then not the
+    truth on the next start, and is merged, which loses nothing)."""
+    try:
+        await anyio.to_thread.run_sync(write_lineage, root, lineage)
+        return True
+    except FileNotFoundError:
+        if result is not None:
+            result.unrecorded.add(root.name)
+        return None
+    except OSError as e:
+        log.warning("lineage_unrecorded", root=root.path, error=e.strerror or type(e).__name__,
+                    detail="the next start takes this root for a new disk and merges it from the store")
+        return False
 
 
 async def _write_streamed(root: Root, parts: list[str], chunks, got: ObjectInfo, expected: str | None) -> None:

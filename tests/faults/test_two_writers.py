@@ -166,7 +166,7 @@ def test_no_write_or_delete_reaches_the_store_before_the_claim(tmp_path):
     from sidecar.store.base import ObjectMeta
 
     work = tmp_path / "work"
-    write_atomic(work / "state" / "a.json", b"a")  # the disk is the truth: no restore
+    write_atomic(work / "state" / "a.json", b"a")  # the stored bytes already: merged, nothing to download
     settings, roots = load({"store": str(tmp_path / "store"), "roots": "state", "commit": "snapshot",
                             "reconcile_interval": 0}, cwd=str(work))
     store = _recording_store(tmp_path / "store", slow_owner_read=0.3)

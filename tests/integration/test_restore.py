@@ -51,14 +51,19 @@ def test_restore_fills_empty_roots_exactly(work):
     assert not [n for n in os.listdir(work / ".checkpoints" / "resp_2") if n.startswith(".sidecar")]
 
 
-def test_root_with_files_is_the_truth_unless_forced(work):
+def test_root_with_files_is_the_truth_once_this_namespace_holds_it_unless_forced(work):
     work, store = work
     seed(work, store, FILES)
     write_atomic(work / ".checkpoints" / "local.json", b"newer local state")
+    r = run_cli("restore", "--store", str(store), cwd=work)  # a new disk: merged, not trusted
+    assert r.returncode == 0, r.stderr
+    stored = {k.removeprefix(".checkpoints/"): v for k, v in FILES.items() if k.startswith(".checkpoints/")}
+    assert disk_tree(work / ".checkpoints") == {**stored, "local.json": b"newer local state"}
+    assert (work / ".function_approvals/alice/approval_requests.json").read_bytes() == b"[]"  # that root was empty
+    (work / ".checkpoints/resp_2/b.json").unlink()  # the host prunes: the disk is this namespace's now
     r = run_cli("restore", "--store", str(store), cwd=work)
     assert r.returncode == 0, r.stderr
-    assert disk_tree(work / ".checkpoints") == {"local.json": b"newer local state"}
-    assert (work / ".function_approvals/alice/approval_requests.json").read_bytes() == b"[]"  # that root was empty
+    assert not (work / ".checkpoints/resp_2/b.json").exists()
     r = run_cli("restore", "--force-restore", "--store", str(store), cwd=work)
     assert r.returncode == 0
     assert (work / ".checkpoints/resp_2/b.json").read_bytes() == FILES[".checkpoints/resp_2/b.json"]
