@@ -931,14 +931,18 @@ class AzureBlobStore:
                                          "check network reachability (firewall, proxy); will retry later")
 
     async def _put_blob(self, name: str, data: "bytes | Source", md5: bytes, metadata: dict[str, str],
-                        etag: str | None) -> str | None:
+                        etag: str | None, staged: bool = False) -> str | None:
         """Upload one blob, conditional on ``etag`` (``If-Match``) or on its absence
         (``If-None-Match: *``); returns the new ETag, raises :class:`_Conflict` when the
         condition fails. ``md5`` is recorded as the blob's Content-MD5; the SDK sends the
-        transactional Content-MD5 of each request (``validate_content``), which the service checks."""
+        transactional Content-MD5 of each request (``validate_content``), which the service checks.
+        ``staged``: bytes go up as staged blocks and one conditional Put Block List instead of a
+        Put Blob (see :meth:`_commit_blocks`)."""
         blob = self._container_client().get_blob_client(name)
         condition: dict[str, Any] = ({"etag": etag, "match_condition": MatchConditions.IfNotModified} if etag
                                      else {"match_condition": MatchConditions.IfMissing})
+        if staged and isinstance(data, bytes):
+            return await self._commit_blocks(blob, data, md5, metadata, condition)
         try:
             # a Source is streamed in blocks and committed only after its last chunk checked out
             body, length = (data, len(data)) if isinstance(data, bytes) else (data.chunks(), data.size)
@@ -957,6 +961,42 @@ class AzureBlobStore:
             if _code(e) != "InvalidBlockList":
                 raise
             raise _Conflict() from None  # another writer committed while we staged blocks
+        return response.get("etag")
+
+    async def _commit_blocks(self, blob: Any, data: bytes, md5: bytes, metadata: dict[str, str],
+                             condition: dict[str, Any]) -> str | None:
+        """Write ``data`` as staged blocks and one conditional Put Block List, which replaces
+        whatever uncommitted blocks the blob holds. For a blob that holds only the uncommitted
+        blocks of a dead upload (a sidecar killed while streaming): Azure counts it as absent,
+        but Azurite answers a Put Blob with ``If-None-Match: *`` there with 409
+        ``BlobAlreadyExists``, while its Put Block List honours the condition. The new block ids
+        take the length of the ones already staged (the service requires one length per blob)."""
+        try:
+            _, uncommitted = await blob.get_block_list("uncommitted")
+            width = len(uncommitted[0].id) if uncommitted else 0
+            if not (width and width % 4 == 0 and 8 <= width <= 88):  # base64 of 6..64 bytes
+                width = 64  # the SDK's own: base64 of 48 digits
+            ids: list[str] = []
+            view = memoryview(data)
+            for start in range(0, len(data), CHUNK_BYTES):
+                ids.append(base64.b64encode(os.urandom(width * 3 // 4)).decode())
+                piece = view[start:start + CHUNK_BYTES]
+                await blob.stage_block(ids[-1], bytes(piece), length=len(piece), validate_content=True)
+            response = await blob.commit_block_list(
+                ids, metadata=metadata,
+                content_settings=ContentSettings(content_type="application/octet-stream", content_md5=bytearray(md5)),
+                **condition,
+            )
+        except ResourceModifiedError:
+            raise _Conflict() from None
+        except ResourceExistsError as e:
+            if _code(e) != "BlobAlreadyExists":
+                raise
+            raise _Conflict() from None  # committed by another writer meanwhile
+        except HttpResponseError as e:
+            if _code(e) not in ("InvalidBlockList", "InvalidBlobOrBlock"):
+                raise
+            raise _Conflict() from None  # another writer's blocks replaced ours meanwhile
         return response.get("etag")
 
     async def _page(self, start: str, token: str | None, size: int) -> tuple[list[Any], str | None]:
@@ -1037,10 +1077,11 @@ class AzureBlobStore:
                 return seen
         etag = seen.etag if seen is not None else None
         md5 = hashlib.md5(data).digest() if isinstance(data, bytes) else data.md5
+        staged = False  # bytes go up as blocks: a dead upload's uncommitted blocks are in the way
         try:
             for _ in range(MAX_CONFLICT_ROUNDS):
                 try:
-                    new_etag = await self._put_blob(name, data, md5, metadata, etag)
+                    new_etag = await self._put_blob(name, data, md5, metadata, etag, staged)
                 except _Conflict:
                     pass
                 else:
@@ -1057,6 +1098,8 @@ class AzureBlobStore:
                     self._seen.pop(name, None)
                     if if_version not in (None, 0):
                         return ObjectInfo(key, 0, None, 0, 0)  # gone since it was read: nothing written
+                    # "exists" to If-None-Match, yet no blob: only uncommitted blocks are there
+                    staged = staged or etag is None
                     etag = None  # deleted meanwhile: write it if still absent
                     continue
                 current = self._info(key, props.size, props.metadata, props.etag, props.last_modified)

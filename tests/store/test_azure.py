@@ -672,3 +672,55 @@ def test_a_url_prefix_never_names_a_root_or_the_sidecars_own(url):
 
     with pytest.raises(ValueError, match="bad"):
         parse_store_url(url)
+
+
+# -- a dead upload's uncommitted blocks -----------------------------------------------------------
+
+async def _leave_uncommitted_blocks(azure_stores, name: str, block_ids: list[str]) -> None:
+    """What a sidecar killed in the middle of a streamed upload leaves: staged blocks, no commit."""
+    async with azure_stores.raw() as svc:
+        blob = svc.get_container_client(azure_stores.container).get_blob_client(name)
+        for block_id in block_ids:
+            await blob.stage_block(block_id, os.urandom(1024))
+        props = await blob.get_block_list("uncommitted")
+        assert len(props[1]) == len(block_ids)  # staged, not committed: the blob does not exist
+        assert not await blob.exists()
+
+
+def _sdk_block_id() -> str:
+    """The shape of the block ids ``upload_blob`` stages (as a crashed streamed put left them)."""
+    import uuid
+
+    return base64.b64encode(f"{uuid.uuid4().int:048d}".encode()).decode()
+
+
+@pytest.mark.azure
+@pytest.mark.parametrize("ids", [
+    pytest.param([_sdk_block_id(), _sdk_block_id()], id="sdk-ids"),
+    pytest.param([base64.b64encode(os.urandom(9)).decode()], id="short-ids"),  # another writer's length
+])
+@pytest.mark.parametrize("size", [0, 1000, 5 * 1024 * 1024])  # Put Blob sizes (up to MAX_SINGLE_PUT_SIZE)
+async def test_a_small_put_succeeds_over_a_dead_uploads_uncommitted_blocks(azure_stores, ids, size):
+    """Azurite answers Put Blob with If-None-Match: * on a blob that holds only uncommitted
+    blocks with 409 BlobAlreadyExists, though no blob exists (Get Blob Properties: 404). The put
+    then commits its bytes as staged blocks (Put Block List honours the condition), and the dead
+    upload's blocks are gone with that commit."""
+    store = await azure_stores("dead")
+    await _leave_uncommitted_blocks(azure_stores, "dead/r/k", ids)
+    data = os.urandom(size)
+    info = await store.put("r/k", data, meta(data, 7, 0o640))
+    assert info.version == 7 and info.etag
+    got, ginfo = await (await azure_stores("dead")).get("r/k")
+    assert got == data and ginfo.sha256 == hashlib.sha256(data).hexdigest() and ginfo.mode == 0o640
+    async with azure_stores.raw() as svc:
+        blob = svc.get_container_client(azure_stores.container).get_blob_client("dead/r/k")
+        props = await blob.get_blob_properties()
+        assert props.content_settings.content_md5 == hashlib.md5(data).digest()
+        assert props.metadata["sidecar_version"] == "7"
+        committed, uncommitted = await blob.get_block_list("all")
+        assert uncommitted == []  # the dead upload's blocks went with the commit
+    # and the next write of the key is the usual one conditional Put Blob
+    again = b"next"
+    assert (await store.put("r/k", again, meta(again, 8))).version == 8
+    assert (await store.get("r/k"))[0] == again
+
