@@ -10,7 +10,9 @@
 
 The same steps without the sidecar show the failure being fixed. Both runs go at once (their
 lines are printed one run after the other). Lines marked ``[sidecar]`` are the sidecar's own log
-events, read from its JSON log. The store is a temporary directory, removed at the end, unless
+lines as an operator sees them (its default level, text format), picked out of the log it shares
+with the host. The driver runs in the agent host's virtual environment; the sidecar is the
+``checkpoint-sidecar`` given by ``--sidecar``. The store is a temporary directory, removed at the end, unless
 ``--store DIR`` names one to keep.
 """
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import queue
+import re
 import shutil
 import sys
 import tempfile
@@ -30,7 +33,6 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 
 from agenthost import AgentHost, ensure_venv, wait_for  # noqa: E402  (the harness the tests use)
-from support import json_lines  # noqa: E402
 
 #: The namespace inside the store that the demo's sidecar uses.
 PREFIX = "demo"
@@ -39,36 +41,13 @@ PREFIX = "demo"
 HOST_ENV = {"AGENT_OBSERVABILITY": "0", "APPLICATIONINSIGHTS_STATSBEAT_DISABLED_ALL": "true"}
 
 
-def human_bytes(n: int) -> str:
-    return f"{n} B" if n < 1024 else f"{n / 1024:.1f} KiB"
+#: One line of the sidecar's text log (``SIDECAR_LOG_FORMAT=text``): time, level, event, fields.
+SIDECAR_LINE = re.compile(r"^\d\d:\d\d:\d\d\.\d{3} (debug|info|warning|error)\s+(\S+)")
 
 
-def sidecar_line(e: dict) -> str | None:
-    """One of the sidecar's log events as a short line, or None for the events not shown."""
-    ev = e.get("event")
-    if ev == "store":
-        return f"store {e.get('store')}, namespace {e.get('namespace')}"
-    if ev == "restore_decision":
-        return f"{Path(str(e.get('root'))).name}: {e.get('reason')} ({e.get('stored')} stored)"
-    if ev == "restore_done":
-        files = e.get("files")
-        return f"restored {files} file{'' if files == 1 else 's'} ({human_bytes(int(e.get('bytes') or 0))}) in {e.get('seconds')} s"
-    if ev == "child_started":
-        return "host started as the sidecar's child"
-    if ev == "uploaded":
-        return f"mirrored {e.get('path')} ({human_bytes(int(e.get('bytes') or 0))})"
-    if ev == "deleted":
-        return f"mirrored the deletion of {e.get('path')}"
-    if ev == "child_exited":
-        return f"host exited with {e.get('code')}"
-    if ev == "shutdown_flushed":
-        return (f"flushed: {e.get('uploaded')} uploaded, {e.get('deleted')} deleted, "
-                f"nothing pending, in {e.get('seconds')} s")
-    if ev == "shutdown_pending":
-        return f"NOT flushed: {e.get('pending')} changes pending"
-    if e.get("level") in ("warning", "error"):
-        return f"{e.get('level')}: {ev} " + " ".join(f"{k}={v}" for k, v in e.items() if k not in ("ts", "level", "event"))
-    return None
+def sidecar_lines(log: str) -> list[tuple[str, str]]:
+    """The sidecar's own lines in a log it shares with the host, as (event, line)."""
+    return [(m[2], line) for line in log.splitlines() if (m := SIDECAR_LINE.match(line))]
 
 
 class Story:
@@ -84,28 +63,28 @@ class Story:
     def say(self, msg: str) -> None:
         self.out.put(f"[demo] {msg}")
 
-    def sidecar_events(self, host: AgentHost, until: Callable[[list[dict]], bool] | None = None) -> list[dict]:
-        """Print the sidecar's new log events (polling, with a deadline, until ``until`` holds)."""
+    def sidecar_events(self, host: AgentHost, until: Callable[[list[str]], bool] | None = None) -> list[str]:
+        """Print the sidecar's new log lines (polling, with a deadline, until ``until`` holds for
+        their events)."""
         if self.wrapper is None:
             return []
-        events: list[dict] = []
+        lines: list[tuple[str, str]] = []
 
         def fresh() -> bool:
-            nonlocal events
-            events = [e for e in json_lines(host.log) if "event" in e][self._seen:]
-            return until is None or until(events)
+            nonlocal lines
+            lines = sidecar_lines(host.log)[self._seen:]
+            return until is None or until([event for event, _ in lines])
 
         wait_for(fresh, 15.0, "the sidecar's log line", host.log_tail)
-        self._seen += len(events)
-        for e in events:
-            if (line := sidecar_line(e)) is not None:
-                self.out.put(f"[sidecar] {line}")
-        return events
+        self._seen += len(lines)
+        for _, line in lines:
+            self.out.put(f"[sidecar] {line}")
+        return [event for event, _ in lines]
 
     def start(self) -> AgentHost:
         self._seen = 0
         host = AgentHost(self.workdir, self.python, wrapper=self.wrapper, env=self.env).start().wait_ready(60)
-        self.sidecar_events(host, lambda ev: any(e["event"] == "child_started" for e in ev))
+        self.sidecar_events(host, lambda ev: "child_started" in ev)
         self.say(f"host ready at {host.base_url}")
         return host
 
@@ -115,18 +94,15 @@ class Story:
             host = self.start()
             rid, call_id = host.first_request()
             self.say(f"first request paused on request_info: response {rid}, call {call_id}")
-            self.sidecar_events(host, lambda ev: any(e["event"] == "uploaded" for e in ev))
             host.stop()
-            self.sidecar_events(host, lambda ev: any(e["event"] in ("shutdown_flushed", "shutdown_pending")
-                                                     for e in ev))
+            self.sidecar_events(host, lambda ev: "shutdown_flushed" in ev or "shutdown_pending" in ev)
             for name in (".checkpoints", ".function_approvals"):
                 shutil.rmtree(self.workdir / name, ignore_errors=True)
             self.say("host stopped, .checkpoints and .function_approvals deleted (the compute is recreated)")
             host = self.start()
             outcome = host.continue_(rid, call_id, "approved")
             host.stop()
-            self.sidecar_events(host, lambda ev: any(e["event"] in ("shutdown_flushed", "shutdown_pending")
-                                                     for e in ev))
+            self.sidecar_events(host, lambda ev: "shutdown_flushed" in ev or "shutdown_pending" in ev)
             self.say(f"continuation: {outcome.status}: {outcome.text or outcome.error}")
             self.text = outcome.text or ""
         except BaseException as exc:  # noqa: BLE001  (reported by the main thread)
@@ -143,6 +119,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--store", type=Path, help="directory store to use and keep (default: a temporary one)")
     p.add_argument("--skip-control", action="store_true", help="skip the run without the sidecar")
+    p.add_argument("--sidecar", default=None,
+                   help="the checkpoint-sidecar command (default: this Python's -m sidecar, from this checkout)")
     args = p.parse_args()
     python = ensure_venv("issue")
     # The demo's own settings only: a SIDECAR_* variable of the caller's shell plays no part.
@@ -153,9 +131,9 @@ def main() -> int:
         store = args.store.resolve() if args.store else Path(tmp) / "store"
         kept = "kept" if args.store else "removed at the end"
         print(f"[demo] store: {store}/{PREFIX} (a directory store, {kept})", flush=True)
-        wrapped_env = dict(env, SIDECAR_LOG_FORMAT="json", SIDECAR_LOG_LEVEL="debug")
-        sidecar = [sys.executable, "-m", "sidecar", "run", "--http-addr", "", "--store", str(store),
-                   "--prefix", PREFIX, "--"]
+        wrapped_env = dict(env, SIDECAR_LOG_FORMAT="text")  # its default level: what an operator sees
+        command = [args.sidecar] if args.sidecar else [sys.executable, "-m", "sidecar"]
+        sidecar = [*command, "run", "--http-addr", "", "--store", str(store), "--prefix", PREFIX, "--"]
         stories = []
         if not args.skip_control:
             (Path(tmp) / "bare").mkdir()

@@ -39,10 +39,12 @@ def test_demo_from_a_fresh_clone(tmp_path: Path):
     assert "installing" not in out, "the demo reinstalled what it was given"
     control, wrapped = out.split("--- 2. under checkpoint-sidecar run -- ---", 1)
     assert "[demo] continuation: failed:" in control and "[sidecar]" not in control, out
-    assert re.search(r"^\[sidecar\] store file://\S+/demo, namespace demo$", wrapped, re.M), out
-    assert re.search(r"^\[sidecar\] mirrored \.checkpoints/\S+\.json ", wrapped, re.M), out
-    assert re.search(r"^\[sidecar\] flushed: [1-9]\d* uploaded, ", wrapped, re.M), out
-    assert re.search(r"^\[sidecar\] restored [1-9]\d* files? ", wrapped, re.M), out
+    # the sidecar's own text lines at its default level, as an operator sees them
+    line = r"^\[sidecar\] \d\d:\d\d:\d\d\.\d{3} info +"
+    assert re.search(line + r"store  store=file://\S+/demo namespace=demo$", wrapped, re.M), out
+    assert re.search(line + r"shutdown_flushed  .*uploaded=[1-9]", wrapped, re.M), out
+    assert re.search(line + r"restore_done  files=[1-9]", wrapped, re.M), out
+    assert not re.search(r"^\[sidecar\] \S+ debug ", wrapped, re.M), out
     assert "[demo] continuation: completed: Completed with decision: approved" in wrapped, out
     store = re.search(r"^\[demo\] store: (\S+)/demo ", out, re.M)
     assert store and not Path(store[1]).exists(), f"the temporary store was left behind\n{out}"
