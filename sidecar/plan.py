@@ -136,9 +136,9 @@ def plan_status(local: dict[str, LocalStat], remote: dict[str, ObjectInfo], gaps
 
 
 def newer_shape(a: ObjectInfo, b: ObjectInfo) -> bool:
-    """Whether ``a`` was stored after ``b``: the sidecar's version decides, then the file's mtime
-    (objects without a version); on a tie, ``b`` stands."""
-    return (a.version, a.mtime_ns) > (b.version, b.mtime_ns)
+    """Whether ``a`` was stored after ``b``, by the sidecar's version (never a clock). Equal
+    versions (0 for both: an older release's, another tool's) decide nothing."""
+    return a.version > b.version
 
 
 class ShapeConflicts:
@@ -146,7 +146,8 @@ class ShapeConflicts:
     ``r/a/x``): a swap the sidecar mirrors deletes the replaced shape only after the new one is
     stored, so a crash in between leaves both. Of every such pair (a file and an object below its
     path) the older (:func:`newer_shape`) is stale: it was replaced before the other was written.
-    Stale objects are never restored (they stay stored until a reconcile deletes them).
+    Stale objects are never restored (they stay stored until a reconcile deletes them). A pair of
+    equal versions is left as it is: the restore places the first listed and keeps the other.
 
     Fed the objects of a listing in name order (:meth:`add`; a store with a flat namespace,
     Azure's), it holds each back until no object below its path can still come (a name at or past
@@ -184,9 +185,9 @@ class ShapeConflicts:
         lost = False
         for above in self._open:  # the held objects include every file on this key's path
             if key.startswith(above.key + "/"):
-                if not newer_shape(info, above):
+                if newer_shape(above, info):
                     lost = True  # the file replaced it: it was there before the file
-                elif above.key not in self._stale:
+                elif newer_shape(info, above) and above.key not in self._stale:
                     stale.append(above.key)  # the directory replaced the file
                     self._stale.add(above.key)
         if lost:

@@ -168,8 +168,9 @@ def test_shape_conflicts_the_newer_shape_wins():
     from sidecar.plan import newer_shape
 
     assert newer_shape(_v("a", 2), _v("b", 1)) and not newer_shape(_v("a", 1), _v("b", 2))
-    assert newer_shape(_v("a", 0, 20), _v("b", 0, 10))  # no versions: the later mtime
-    assert not newer_shape(_v("a", 3), _v("b", 3))  # a tie: the other stands
+    assert not newer_shape(_v("a", 0, 20), _v("b", 0, 10))  # never the mtime: no versions decide nothing
+    # equal versions (an older release's objects): both kept, the restore places the first
+    assert _run_shapes([_v("r/a", 0), _v("r/a/x", 0)]) == (["r/a", "r/a/x"], [])
     # a directory that replaced the file (a crash before the file's object was deleted)
     assert _run_shapes([_v("r/a", 1), _v("r/a/x", 5), _v("r/a/y", 6), _v("r/b", 2)]) == (
         ["r/a/x", "r/a/y", "r/b"], ["r/a"])
