@@ -3,7 +3,8 @@
 A hint says only that something happened at a path. It is resolved against the disk when it
 arrives (a file: upload; a directory: upload every file below it; gone, a symlink or a special
 file: delete) and against what the store is known to hold (:class:`~sidecar.known.StoreState`): a
-vanished path that was a known directory deletes every key below it. The intents go to the
+vanished path that was a known directory deletes every key below it, and a file uploaded where
+the store holds the other shape (a file at a parent path, objects below its own) deletes those. The intents go to the
 pending work (:class:`Intents`, the uploader), which coalesces them and orders them safely.
 
 What is not mirrored (an unmirrorable name, a symlink, a file too large or unreadable, one older
@@ -18,7 +19,7 @@ from typing import Protocol
 
 from sidecar import log, metrics
 from sidecar.known import StoreState
-from sidecar.localfs import below_root_without_links, scan_root
+from sidecar.localfs import absent, below_root_without_links, scan_root
 from sidecar.paths import IgnoreRules, Root, UnsafeKey, locate, make_key
 from sidecar.queue import DELETE, UPLOAD, Kind
 
@@ -48,12 +49,26 @@ class Hints:
         queued after all of its uploads: "write B, then delete A" (or a renamed directory) must
         never have A gone from the store before B is in it."""
         gone: list[str] = []
+        replaced: list[str] = []
         for path in paths:
-            self._mark_path(path, gone)
+            self._mark_path(path, gone, replaced)
         for key in gone:
             self._mark_gone(key)
+        self._mark_replaced(replaced)
 
-    def _mark_path(self, path: str, gone: list[str], resolved: bool = False) -> None:
+    def _mark_replaced(self, keys: list[str]) -> None:
+        """A file now lies where the store holds the other shape (a file ``a`` where ``a/x`` is
+        uploaded, objects ``a/...`` where the file ``a`` is): the replaced objects are deleted with
+        the change, behind the barrier (after the new upload is durable), not at the next rescan,
+        unless a regular file is back at their path meanwhile."""
+        by_name = {r.name: r for r in self.roots}
+        for key in dict.fromkeys(keys):
+            name, _, rel = key.partition("/")
+            root = by_name.get(name)
+            if root is not None and absent(root, rel):
+                self.intents.mark(key, DELETE)
+
+    def _mark_path(self, path: str, gone: list[str], replaced: list[str], resolved: bool = False) -> None:
         found = locate(path, self.roots)
         if found is None:
             return
@@ -67,7 +82,7 @@ class Hints:
                 real_root = os.path.realpath(r.path)
                 if real == real_root or real.startswith(real_root + "/"):
                     self._mark_path(os.path.join(r.path, os.path.relpath(real, real_root),
-                                                 os.path.basename(path)), gone, resolved=True)
+                                                 os.path.basename(path)), gone, replaced, resolved=True)
             return
         if not rel:
             return  # the root itself: handled by the watcher's root tracking
@@ -87,11 +102,13 @@ class Hints:
             return
         if stat.S_ISREG(st.st_mode):
             self.intents.mark(key, UPLOAD)
+            replaced += self.known.replaced_by(key)
         elif stat.S_ISDIR(st.st_mode):
             # a directory moved in brings files that produce no events of their own
             files, _ = scan_root(Root(key, path), self.ignore)  # keys come out as key/...
             for k in files:
                 self.intents.mark(k, UPLOAD)
+                replaced += self.known.replaced_by(k)
         else:  # a symlink or special file replaced what was there: never mirrored
             if stat.S_ISLNK(st.st_mode):
                 self.warn_once("symlink_skipped", key)

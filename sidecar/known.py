@@ -41,8 +41,13 @@ class StoreState:
     @classmethod
     def from_listing(cls, listing: Listing, snapshot_roots: Iterable[str]) -> StoreState:
         """What a listing says the store holds; of its bundles, those of ``snapshot_roots`` count
-        (another root's bundle is not ours to replace or delete). Takes over the listing's objects."""
-        return cls(listing.objects, listing.bundles & set(snapshot_roots))
+        (another root's bundle is not ours to replace or delete). Takes over the listing's objects;
+        its stale ones (a file and a directory of one name, the older not restored) are held too,
+        so that a reconcile deletes them."""
+        state = cls(listing.objects, listing.bundles & set(snapshot_roots))
+        for key, info in listing.stale.items():
+            state.stored(key, info)
+        return state
 
     # -- objects ---------------------------------------------------------------------------
     def get(self, key: str) -> ObjectInfo | None:
@@ -59,6 +64,19 @@ class StoreState:
     def deleted(self, key: str) -> None:
         """``key`` is not in the store (a delete of ours succeeded)."""
         self._objects.pop(key, None)
+
+    def replaced_by(self, key: str) -> list[str]:
+        """The known objects a file at ``key`` replaces: a file stored at one of its parent paths
+        (``r/a`` for ``r/a/x``) and, if ``key`` was a directory, every object below it."""
+        out = []
+        d = key.rpartition("/")[0]
+        while "/" in d:  # below the root's own name
+            if d in self._objects:
+                out.append(d)
+            d = d.rpartition("/")[0]
+        if key in self._dirs:
+            out += self.keys_below(key + "/")
+        return out
 
     def keys(self) -> set[str]:
         """The known keys (a copy: safe to keep while the state changes)."""

@@ -150,3 +150,73 @@ def plan_status(local: dict[str, LocalStat], remote: dict[str, ObjectInfo], gaps
     pending = set(plan.upload)
     s.in_sync = sorted(k for k in local if k not in pending)
     return s
+
+
+def newer_shape(a: ObjectInfo, b: ObjectInfo) -> bool:
+    """Whether ``a`` was stored after ``b``, by the sidecar's version (never a clock). Equal
+    versions (0 for both: an older release's, another tool's) decide nothing."""
+    return a.version > b.version
+
+
+class ShapeConflicts:
+    """The restore's rule for a key stored both as a file and as a directory (``r/a`` and
+    ``r/a/x``): a swap the sidecar mirrors deletes the replaced shape only after the new one is
+    stored, so a crash in between leaves both. Of every such pair (a file and an object below its
+    path) the older (:func:`newer_shape`) is stale: it was replaced before the other was written.
+    Stale objects are never restored (they stay stored until a reconcile deletes them). A pair of
+    equal versions is left as it is: the restore places the first listed and keeps the other.
+
+    Fed the objects of a listing in name order (:meth:`add`; a store with a flat namespace,
+    Azure's), it holds each back until no object below its path can still come (a name at or past
+    ``key + "0"``: every ``key/...`` sorts before it) and then releases it (:meth:`settled`) unless
+    it turned out stale. A listing found not to be in name order is passed through as it comes
+    from its first name out of order. Pure: no I/O."""
+
+    def __init__(self, in_order: bool = True) -> None:
+        """``in_order=False``: a store that cannot hold both shapes (a directory store, whose walk
+        comes in no order): every object is released as it comes."""
+        self._open: list[ObjectInfo] = []  # held, in name order: later names may still lie below them
+        self._stale: set[str] = set()
+        self._ready: list[ObjectInfo] = []
+        self._last: str | None = None
+        self._in_order = in_order
+
+    def add(self, info: ObjectInfo) -> list[str]:
+        """File the next listed object; the keys it shows to be stale (itself, or held ones)."""
+        key = info.key
+        if self._in_order and self._last is not None and key <= self._last:
+            self._in_order = False  # not a sorted listing: no more holding back
+            self._ready += [o for o in self._open if o.key not in self._stale]
+            self._open.clear()
+        self._last = key
+        if not self._in_order:
+            self._ready.append(info)
+            return []
+        while self._open and key >= self._open[-1].key + "0":  # no more names below the top
+            done = self._open.pop()
+            if done.key in self._stale:
+                self._stale.discard(done.key)
+            else:
+                self._ready.append(done)
+        stale: list[str] = []
+        lost = False
+        for above in self._open:  # the held objects include every file on this key's path
+            if key.startswith(above.key + "/"):
+                if newer_shape(above, info):
+                    lost = True  # the file replaced it: it was there before the file
+                elif newer_shape(info, above) and above.key not in self._stale:
+                    stale.append(above.key)  # the directory replaced the file
+                    self._stale.add(above.key)
+        if lost:
+            stale.append(key)
+            self._stale.add(key)
+        self._open.append(info)  # held even when stale: objects further below compare with it too
+        return stale
+
+    def settled(self, end: bool = False) -> list[ObjectInfo]:
+        """The objects released since the last call (with ``end``: the listing is over, all of them)."""
+        if end:
+            self._ready += [o for o in self._open if o.key not in self._stale]
+            self._open.clear()
+        ready, self._ready = self._ready, []
+        return ready

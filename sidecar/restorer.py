@@ -22,7 +22,7 @@ import re
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Sequence
+from typing import AsyncIterator, Iterable, Sequence
 
 import anyio
 import anyio.to_thread
@@ -53,7 +53,7 @@ from sidecar.localfs import (
     write_restored,
 )
 from sidecar.paths import Root, UnsafeKey, split_key
-from sidecar.plan import RootDecision, decide_restore
+from sidecar.plan import RootDecision, ShapeConflicts, decide_restore
 from sidecar.retry import retry_transient
 from sidecar.snapshot import BUNDLE_DIR, BundleError, Change, close_stream, open_bundle
 from sidecar.store.base import NotFound, ObjectInfo, Store, StoreError
@@ -115,6 +115,10 @@ class Listing:
     bundles: set[str] = field(default_factory=set)  # roots with a snapshot bundle in the store
     #: the highest version of any object listed, whatever it is (a fence claim goes above it)
     max_version: int = 0
+    #: stored, but replaced by a newer object of the other shape (file ``a`` vs ``a/...``): never
+    #: restored; with ``shapes`` (the restore's rule) only
+    stale: dict[str, ObjectInfo] = field(default_factory=dict)
+    shapes: ShapeConflicts | None = None
 
     def add(self, info: ObjectInfo, by_name: dict[str, Root]) -> str | None:
         """File one listed object. The name of its root when it is a file of a configured root;
@@ -136,7 +140,13 @@ class Listing:
             self.unsafe.append((printable(info.key), why))
             return None
         self.objects[info.key] = info
+        for key in self.shapes.add(info) if self.shapes is not None else ():
+            self.stale[key] = self.objects.pop(key)
         return first
+
+    def settled(self, end: bool = False) -> list[ObjectInfo]:
+        """With ``shapes``: the objects that may be restored, as :meth:`ShapeConflicts.settled`."""
+        return self.shapes.settled(end) if self.shapes is not None else []
 
 
 async def list_store(store: Store, roots: list[Root]) -> Listing:
@@ -235,7 +245,7 @@ class _Restore:
         self.by_name = {r.name: r for r in roots}
         self.candidates = candidates  # roots the disk lets us fill, if anything is stored
         self.result = result
-        self.listing = Listing()
+        self.listing = self._new_listing()
         self.started: dict[str, Root] = {}  # roots with their restore marker down: files are coming
         self.queued: set[str] = set()  # keys handed to the workers (a retried listing skips them)
         #: each candidate's bundle by key, once fetched: what a cut-short snapshot commit left
@@ -268,16 +278,27 @@ class _Restore:
     async def list(self, deadline: float) -> None:
         """Feed every stored file of a candidate root to the workers as its listing page arrives."""
         async def once() -> None:
-            self.listing = Listing()  # a retried listing starts over; queued keys are not queued twice
+            self.listing = self._new_listing()  # a retried listing starts over; queued keys are not queued twice
             async for info in self.store.list():
-                name = self.listing.add(info, self.by_name)
-                if name in self.candidates and info.key not in self.queued:
-                    self._queue(self.candidates[name], info)
+                self.listing.add(info, self.by_name)
+                self._offer(self.listing.settled())
+            self._offer(self.listing.settled(end=True))
 
         await retry_transient(once, "list", deadline)
         for key, why in self.listing.unsafe:
             log.error("restore_refused_name", path=key, reason=why)
             self.result.refused.append(key)
+
+    def _new_listing(self) -> Listing:
+        """A store whose names are not paths can hold a file and a directory of one name at once:
+        its listing goes through the restore's rule for them (:class:`ShapeConflicts`)."""
+        return Listing(shapes=ShapeConflicts(in_order=getattr(self.store, "flat_namespace", False)))
+
+    def _offer(self, infos: Iterable[ObjectInfo]) -> None:
+        for info in infos:
+            name = info.key.split("/", 1)[0]
+            if name in self.candidates and info.key not in self.queued:
+                self._queue(self.candidates[name], info)
 
     async def overlay(self, root: Root, deadline: float) -> None:
         """Read the root's bundle, if a snapshot commit was cut short: it holds the newer state of

@@ -702,6 +702,11 @@ class _Conflict(Exception):
 class AzureBlobStore:
     """A :class:`~sidecar.store.base.Store` on one Azure Blob container (or Azurite)."""
 
+    #: Blob names are not paths: ``a`` and ``a/x`` can be stored at once (a file replaced by a
+    #: directory, before the file's blob is deleted), and the listing comes in name order. The
+    #: restore decides between the two shapes (:class:`sidecar.plan.ShapeConflicts`).
+    flat_namespace = True
+
     def __init__(
         self,
         location: BlobLocation,

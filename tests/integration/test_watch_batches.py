@@ -131,3 +131,34 @@ def test_directories_made_in_a_burst_are_all_watched(tmp_path):
             tg.cancel_scope.cancel()
 
     anyio.run(main)
+
+
+def _drain(uploader):
+    """Every operation in the order the pending set lets them start (each done at once)."""
+    order = []
+    while (op := uploader.pending.take()) is not None:
+        order.append((op.kind, op.key))
+        uploader.pending.done(op)
+    return order
+
+
+def test_a_file_where_the_store_holds_the_other_shape_deletes_it_after_the_upload(tmp_path):
+    """File ``a`` replaced by a directory holding ``a/x``, and directory ``d/`` (moved away: its
+    files send no events) replaced by a file ``d``: the objects of the old shape are deleted with
+    the change, each behind the barrier of the new shape's upload."""
+    cps = tmp_path / ".checkpoints"
+    roots = make_roots([str(cps)], str(tmp_path))
+    uploader = Uploader(store=None, roots=roots, ignore=IgnoreRules())
+    for key in (".checkpoints/a", ".checkpoints/d/x", ".checkpoints/d/e/y", ".checkpoints/dz"):
+        uploader.known.stored(key, ObjectInfo(key, 1, "0" * 64, 1, 0o600))
+    write_atomic(cps / "a" / "x", b"new a/x")
+    write_atomic(cps / "d", b"new d")
+    uploader.mark_paths([str(cps / "a"), str(cps / "a" / "x"), str(cps / "d")])
+    first = uploader.pending.take()
+    second = uploader.pending.take()
+    assert {(first.kind, first.key), (second.kind, second.key)} == {(UPLOAD, ".checkpoints/a/x"), (UPLOAD, ".checkpoints/d")}
+    assert uploader.pending.take() is None, "an old shape's delete started before the new shape was stored"
+    uploader.pending.done(first)
+    uploader.pending.done(second)
+    assert sorted(_drain(uploader)) == [(DELETE, ".checkpoints/a"), (DELETE, ".checkpoints/d/e/y"),
+                                        (DELETE, ".checkpoints/d/x")]

@@ -49,3 +49,20 @@ def test_bundles():
     state.discard_bundle("r")
     state.discard_bundle("r")
     assert state.bundles() == set()
+
+
+def test_what_a_file_replaces_the_other_shape():
+    state = StoreState()
+    for k in ("r/a", "r/d/x", "r/d/e/y", "r/dz"):
+        state.stored(k, info(k))
+    assert state.replaced_by("r/a/x") == ["r/a"]  # a file where a directory goes now
+    assert state.replaced_by("r/a/b/c") == ["r/a"]
+    assert sorted(state.replaced_by("r/d")) == ["r/d/e/y", "r/d/x"]  # a file where the directory was
+    assert state.replaced_by("r/d/e") == ["r/d/e/y"]
+    assert state.replaced_by("r/dz") == [] and state.replaced_by("r/new") == []
+
+
+def test_a_listings_stale_shape_is_known_so_a_reconcile_deletes_it():
+    listing = Listing(objects={"r/a/x": info("r/a/x")}, stale={"r/a": info("r/a")})
+    state = StoreState.from_listing(listing, snapshot_roots=())
+    assert state.keys() == {"r/a", "r/a/x"}

@@ -179,3 +179,73 @@ def test_a_full_listing_replaces_beliefs_except_for_busy_keys():
     assert "r/dropped" not in state  # not listed: not in the store
     assert state.get("s/other") is old  # a root not listed keeps what was believed of it
     assert state.get("r/listed/x") is new and state.has_dir("r/listed")
+
+
+# -- a file and a directory of one name (ShapeConflicts) -------------------------------------------
+
+def _v(key, version, mtime=10):
+    return ObjectInfo(key, 1, "h", mtime, 0o600, None, version)
+
+
+def _run_shapes(infos):
+    """(restored keys in release order, stale keys) for a listing fed in the given order."""
+    from sidecar.plan import ShapeConflicts
+
+    shapes = ShapeConflicts()
+    released, stale = [], []
+    for i in infos:
+        stale += shapes.add(i)
+        released += [r.key for r in shapes.settled()]
+    released += [r.key for r in shapes.settled(end=True)]
+    return released, stale
+
+
+def test_shape_conflicts_the_newer_shape_wins():
+    from sidecar.plan import newer_shape
+
+    assert newer_shape(_v("a", 2), _v("b", 1)) and not newer_shape(_v("a", 1), _v("b", 2))
+    assert not newer_shape(_v("a", 0, 20), _v("b", 0, 10))  # never the mtime: no versions decide nothing
+    # equal versions (an older release's objects): both kept, the restore places the first
+    assert _run_shapes([_v("r/a", 0), _v("r/a/x", 0)]) == (["r/a", "r/a/x"], [])
+    # a directory that replaced the file (a crash before the file's object was deleted)
+    assert _run_shapes([_v("r/a", 1), _v("r/a/x", 5), _v("r/a/y", 6), _v("r/b", 2)]) == (
+        ["r/a/x", "r/a/y", "r/b"], ["r/a"])
+    # a file that replaced the directory
+    assert _run_shapes([_v("r/a", 9), _v("r/a/x", 5), _v("r/a/y", 6), _v("r/b", 2)]) == (
+        ["r/a", "r/b"], ["r/a/x", "r/a/y"])
+    # swapped twice: dir a/x (1), then file a (5), then dir a/y (9): a/x died when a was written
+    released, stale = _run_shapes([_v("r/a", 5), _v("r/a/x", 1), _v("r/a/y", 9)])
+    assert released == ["r/a/y"] and sorted(stale) == ["r/a", "r/a/x"]
+    # nested: a file a/x below a stale file a still decides against its own subtree
+    released, stale = _run_shapes([_v("r/a", 2), _v("r/a/x", 7), _v("r/a/x/y", 4), _v("r/a/z", 8)])
+    assert released == ["r/a/x", "r/a/z"] and sorted(stale) == ["r/a", "r/a/x/y"]
+
+
+def test_shape_conflicts_hold_each_object_only_until_nothing_below_it_can_come():
+    from sidecar.plan import ShapeConflicts
+
+    shapes = ShapeConflicts()
+    # names sorting between "r/a" and "r/a/..." ('-', '.' come before '/') keep "r/a" held
+    for key in ("r/a", "r/a-1", "r/a.json"):
+        assert shapes.add(_v(key, 1)) == []
+    assert [i.key for i in shapes.settled()] == ["r/a-1"]  # "r/a.json" > "r/a-10": nothing below r/a-1 can follow
+    assert shapes.add(_v("r/a/x", 2)) == ["r/a"]  # "r/a.json" is released by it, "r/a" found stale
+    assert [i.key for i in shapes.settled()] == ["r/a.json"]
+    assert shapes.add(_v("r/b", 1)) == []  # past "r/a0": r/a/x can have nothing more below it
+    assert [i.key for i in shapes.settled()] == ["r/a/x"]
+    assert [i.key for i in shapes.settled(end=True)] == ["r/b"]
+
+
+def test_shape_conflicts_pass_an_unsorted_listing_through():
+    """A directory store's walk comes in no name order (and cannot hold both shapes): from the
+    first name out of order on, objects are released as they come."""
+    released, stale = _run_shapes([_v("r/m", 1), _v("r/z", 1), _v("r/c", 1), _v("r/b", 1)])
+    assert sorted(released) == ["r/b", "r/c", "r/m", "r/z"] and stale == []
+    from sidecar.plan import ShapeConflicts
+
+    shapes = ShapeConflicts()
+    shapes.add(_v("r/z", 1))
+    shapes.add(_v("r/c", 1))
+    assert [i.key for i in shapes.settled()] == ["r/z", "r/c"]  # nothing held any more
+    passing = ShapeConflicts(in_order=False)  # a store that cannot hold both shapes
+    assert passing.add(_v("r/a", 1)) == [] and [i.key for i in passing.settled()] == ["r/a"]
