@@ -99,6 +99,8 @@ class Writer:
                 return
             except StoreError as e:
                 log.warning("heartbeat_failed", error=str(e))
+            except Exception as e:  # never let a bug in a periodic task end the daemon
+                log.error("heartbeat_failed", exc=e)
 
     async def release(self, timeout: float) -> None:
         """On a clean exit: :meth:`Fence.release`; no write follows."""
