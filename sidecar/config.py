@@ -252,6 +252,8 @@ class Settings(BaseSettings):
         35.0, description="run: seconds a child gets after a forwarded SIGTERM before SIGKILL (above the host's own 30)")
     fence_window: PositiveSeconds = Field(2.0, description="seconds a proof of store ownership is trusted")
     fence_margin: Seconds = Field(8.0, description="extra seconds to wait before writing after a recently active owner")
+    heartbeat_interval: Seconds = Field(900.0, description="seconds between rewrites of the owner marker's heartbeat "
+                                        "while mirroring (0: never; ownership is proven by reading it)")
     max_file_size: Int = Field(256 * 1024 * 1024, ge=1, le=2**63 - 1,
                                description="bytes; larger files are not mirrored")
     http_addr: Text = Field(f"127.0.0.1:{DEFAULT_HTTP_PORT}",

@@ -44,6 +44,7 @@ from sidecar.store.base import Store, StoreError
 
 if TYPE_CHECKING:
     from sidecar.uploader import Uploader
+    from sidecar.writer import Writer
 
 #: How long start-up keeps retrying a store that answers with transient errors before giving up.
 STARTUP_RETRY_SECONDS = 10.0
@@ -144,18 +145,27 @@ class Daemon:
         return {r.name for r in self.roots} if self.settings.snapshot_commits() else set()
 
     @cached_property
-    def uploader(self) -> Uploader:
-        """Made (and imported) on first use, which is after the restore: ``run`` starts its
-        child without paying for what only mirroring needs. It claims the store with its fence
-        (see fence.py) before its first write."""
+    def writer(self) -> Writer:
+        """The store's write gate (see writer.py), with its fence: every write of mirroring goes
+        through it. Made on first use, after the restore (the fence claims above its listing)."""
         from sidecar.fence import Fence
-        from sidecar.uploader import Uploader
+        from sidecar.writer import Writer
 
         s = self.settings
         fence = Fence(self.store, s.fence_window, s.fence_margin, identity=s.namespace.identity,
                       namespace=s.namespace.path, on_wait=self.health.uploads_wait_until,
                       floor=self.stored_max_version)
-        return Uploader(self.store, self.roots, self.ignore, self.known, fence=fence, concurrency=s.concurrency,
+        return Writer(self.store, fence)
+
+    @cached_property
+    def uploader(self) -> Uploader:
+        """Made (and imported) on first use, which is after the restore: ``run`` starts its
+        child without paying for what only mirroring needs. It claims the store through the
+        writer before its first write."""
+        from sidecar.uploader import Uploader
+
+        s = self.settings
+        return Uploader(self.writer, self.roots, self.ignore, self.known, concurrency=s.concurrency,
                         max_file_size=s.max_file_size, snapshot_roots=self.snapshot_roots,
                         on_degraded=self.health.store_degraded)
 
@@ -255,6 +265,7 @@ class Daemon:
 
         async with anyio.create_task_group() as tg:
             await tg.start(self.uploader.run)
+            tg.start_soon(self.writer.heartbeat, self.settings.heartbeat_interval)
             self.health.workers_alive = True
             await tg.start(partial(watch, debounce_ms=self.settings.debounce_ms),
                            self.roots, self._on_paths, self._on_roots_changed)
@@ -268,9 +279,8 @@ class Daemon:
             task_status.started()
 
     async def _watch_fence(self) -> None:
-        await self.uploader.fenced.wait()
-        fence = self.uploader.fence
-        self.health.set("fenced", fence.fenced if fence and fence.fenced else "fenced by a newer sidecar")
+        await self.writer.fenced.wait()
+        self.health.set("fenced", self.writer.why_fenced or "fenced by a newer sidecar")
 
     async def _on_paths(self, paths: list[str]) -> None:
         if self.lineage_due:
@@ -419,10 +429,9 @@ class Daemon:
                 await self.uploader.wait_idle()
                 tg.cancel_scope.cancel()
         left = sorted(self.uploader.pending_keys())
-        fence = self.uploader.fence
-        if fence is not None and not left:
+        if not left:
             try:
-                await fence.release(max(1.0, timeout - (time.monotonic() - t0)))
+                await self.writer.release(max(1.0, timeout - (time.monotonic() - t0)))
             except StoreError as e:
                 log.warning("fence_release_failed", error=str(e))
         totals: dict[str, Any] = self.uploader.totals.summary

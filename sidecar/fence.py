@@ -9,17 +9,31 @@ below (:func:`next_stamp`): two sidecars that claim the same generation at the s
 hold the same stamp, so the store keeps exactly one of them and the other is fenced at its next
 proof (within ``window`` seconds; before any write when its claim is the one refused). A marker of
 an older version (``generation`` a plain small number) is below every stamp, and an older version
-reading a stamp claims ``stamp + 1``, which is above it. Protocol:
+reading a stamp claims ``stamp + 1``, which is above it. The fence is the only writer of the
+marker; every other write goes through :class:`sidecar.writer.Writer`, which asks
+:meth:`Fence.before_write` first. Protocol:
 
 * **claim** (start-up, once the restore is done, beside the first reconcile): read the marker, write
-  the next stamp. No write of ours happens before it. If the previous owner has
-  not released the namespace (heartbeat not 0: still draining, or gone without a word), wait one write window
-  plus the margin before the first write of ours, on our own monotonic clock: no timestamp of
-  another machine is ever compared with ours (reads, restore, the host's start and readiness
-  are not delayed, only our uploads).
-* **before writing**, at most once per ``window`` seconds: re-write the marker with our generation
-  and a fresh heartbeat. If the store refuses it (a higher generation is there), we are fenced:
-  nothing more is written, and the work stays pending for the operator to see.
+  the next stamp (a compare-and-swap on the marker as read). No write of ours happens before it.
+  If the previous owner has not released the namespace (heartbeat not 0: still draining, or gone
+  without a word), wait one write window plus the margin before the first write of ours, on our
+  own monotonic clock: no timestamp of another machine is ever compared with ours (reads,
+  restore, the host's start and readiness are not delayed, only our uploads).
+* **proof, before writing**, at most once per ``window`` seconds: *read* the marker. Finding our
+  stamp there proves ownership for one window from the moment the read was sent: a read served
+  at t0 that shows our stamp means no successor had claimed by t0, and a successor that claims
+  after t0 waits ``window + margin`` after its claim before its first write, so our writes until
+  t0 + window cannot land among its own (t0 is after the send time, so the window is counted
+  from the send). A higher stamp there: we are fenced, nothing more is written, and the work
+  stays pending for the operator to see. No marker, or a lower one (deleted, rolled back): ours
+  is written again, which the store's supersede rule refuses if a higher one is there. This
+  relies on the store's reads seeing every write that finished before them (Azure Blob Storage
+  and a directory are strongly consistent).
+* **heartbeat**, every ``SIDECAR_HEARTBEAT_INTERVAL`` while mirroring (0: never): the marker is
+  rewritten with a fresh time, a compare-and-swap on our stamp, so a fenced sidecar's heartbeat
+  never brings its claim back; a refused heartbeat is settled by a proof. It is for people (and
+  for deciding later what a live owner holds), never for a proof: idle with it off costs nothing.
+* **release** (a clean exit): the heartbeat 0, our stamp kept; no write of ours follows it.
 
 * **versions**: a claim's generation is above every version already stored in the namespace
   (``floor``: the highest, from the start-up listing), not only above the marker's: a lost,
@@ -37,8 +51,7 @@ A writer thus writes only within ``window`` seconds of proving it still owns the
 owner waits ``window + margin`` after its claim before writing: time-based fencing as in lease
 protocols, correct while the two machines' clocks run at about the same rate (a stall longer than
 ``margin`` inside one write is the limit), whatever time they show.
-One marker write per window while uploading; none while idle.
-"""
+Requests: one marker read per window while writing, none while idle; the heartbeat's writes."""
 
 from __future__ import annotations
 
@@ -47,7 +60,7 @@ import secrets
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Callable
+from typing import Awaitable, Callable
 
 import anyio
 
@@ -197,9 +210,14 @@ async def hand_over(store: Store, attempts: int = 5) -> Handover | None:
 
 
 class Fence:
+    """The owner marker's only writer (see the protocol above). ``clock`` is the monotonic clock
+    windows are counted on and ``sleep`` waits on it (both replaceable by a test's fake clock)."""
+
     def __init__(self, store: Store, window: float = 2.0, margin: float = 8.0,
                  identity: dict[str, str] | None = None, namespace: str = "",
-                 on_wait: Callable[[float | None], None] | None = None, floor: int | None = None) -> None:
+                 on_wait: Callable[[float | None], None] | None = None, floor: int | None = None,
+                 clock: Callable[[], float] | None = None,
+                 sleep: Callable[[float], Awaitable[None]] | None = None) -> None:
         self.store = store
         #: the highest version stored in the namespace, the claim's generation goes above it
         #: (None: not known, listed at the claim)
@@ -209,12 +227,16 @@ class Fence:
         self.namespace = namespace
         self.window = window
         self.margin = margin
+        self.clock = clock if clock is not None else time.monotonic
+        self.sleep = sleep if sleep is not None else anyio.sleep
         self.owner = uuid.uuid4().hex
         self.stamp = 0  # ours once claimed: see next_stamp
         self.writable_at = 0.0  # monotonic time before which we do not write
         self.valid_until = 0.0  # monotonic time our last proof of ownership expires
         self.fenced: str | None = None
+        self.released = False  # release() ran: nothing more of ours is written
         self._writes = 0
+        self._slow_warned = False
         self._lock = anyio.Lock()
         self._claimed = anyio.Event()  # set when claim() has ended, claimed or fenced
 
@@ -238,10 +260,15 @@ class Fence:
         self._writes += 1
         return self.generation << VERSION_COUNTER_BITS | self._writes if self.stamp else 0
 
-    async def _write(self, stamp: int, if_version: int | None = None) -> bool:
-        """Write our marker; False when the store holds a higher stamp (we are fenced) or, with
-        ``if_version``, when the marker is no longer the one read."""
-        body = self._body(stamp, time.time())
+    def newest_version(self) -> int:
+        """The highest version this sidecar's writes can carry (0 before the claim): a stored
+        version above it is a newer owner's."""
+        return self.generation << VERSION_COUNTER_BITS | (2**VERSION_COUNTER_BITS - 1) if self.stamp else 0
+
+    async def _write(self, stamp: int, heartbeat: float | None = None, if_version: int | None = None) -> bool:
+        """Write our marker (``heartbeat``: now, unless given); False when the store holds a higher
+        stamp (we are fenced) or, with ``if_version``, when the marker is no longer at that version."""
+        body = self._body(stamp, time.time() if heartbeat is None else heartbeat)
         info = await self.store.put(OWNER_KEY, body, ObjectMeta.of(body, stamp, 0o600, version=stamp),
                                     if_version=if_version)
         return info.version == stamp
@@ -266,6 +293,7 @@ class Fence:
                                "marker was deleted, rolled back or copied, or objects were copied in): claimed "
                                "above them")
         stamp = next_stamp(max(marked, lifted))
+        sent = self.clock()
         # a compare-and-swap on the marker as read: of two claims from one read, one lands
         if not await self._write(stamp, if_version=_stamp(current.get(STORED_VERSION))):
             self.fenced = (conflict(await self._read(), self.identity, self.namespace)
@@ -274,8 +302,8 @@ class Fence:
             log.error("fenced", detail=self.fenced)
             raise Fenced(self.fenced)
         self.stamp = stamp  # only once the store took it: release() relies on that
-        now = time.monotonic()
-        self.valid_until = now + self.window
+        now = self.clock()
+        self.valid_until = sent + self.window  # a proof counts from its send
         # No clock of another machine is compared with ours: a predecessor that did not release
         # the namespace (still draining, or gone without a word) may write until its last proof
         # plus one window, so our first write waits a whole window and the margin, on our own
@@ -293,44 +321,98 @@ class Fence:
         self._claimed.set()
 
     async def release(self, timeout: float) -> None:
-        """On a clean exit: keep the generation, clear the heartbeat, so a successor need not wait.
-        A claim still under way (a command that ends at once) is waited for, at most ``timeout``
-        seconds: one that landed after the release would hold the namespace. Nothing is written
-        unless our claim succeeded."""
+        """On a clean exit: keep the generation, clear the heartbeat, so a successor need not wait;
+        no write of ours follows (:meth:`before_write` refuses from now on). A claim still under
+        way (a command that ends at once) is waited for, at most ``timeout`` seconds: one that
+        landed after the release would hold the namespace. Nothing is written unless our claim
+        succeeded."""
         with anyio.move_on_after(timeout):
             await self._claimed.wait()
-        if self.fenced or not self.stamp:
-            return
-        body = self._body(self.stamp, 0)
-        await self.store.put(OWNER_KEY, body, ObjectMeta.of(body, self.stamp, 0o600, version=self.stamp))
+        async with self._lock:  # not in the middle of a proof or a heartbeat
+            self.released = True
+            if self.fenced or not self.stamp:
+                return
+            await self._write(self.stamp, heartbeat=0)
 
-    async def before_write(self) -> None:
-        """Wait until we may write and prove we still own the prefix; raises :class:`Fenced`."""
+    async def wait_writable(self) -> None:
+        """Wait for the claim and for a predecessor's write window to pass; raises
+        :class:`Fenced`. Proves nothing (see :meth:`before_write`)."""
         if not self._claimed.is_set():
             await self._claimed.wait()
+        self._check()
+        now = self.clock()
+        if now < self.writable_at:
+            await self.sleep(self.writable_at - now)
+        self._check()
+
+    def _check(self) -> None:
         if self.fenced:
             raise Fenced(self.fenced)
-        now = time.monotonic()
-        if now < self.writable_at:
-            await anyio.sleep(self.writable_at - now)
-        if time.monotonic() < self.valid_until:
+        if self.released:
+            raise Fenced("this sidecar released the namespace: it writes nothing more")
+
+    async def before_write(self) -> None:
+        """Wait until we may write and prove we still own the prefix (a marker read, at most once
+        per window); raises :class:`Fenced`. Call it right before each write: it returns only
+        while the proof is younger than the window, with no wait left before the write."""
+        while True:
+            await self.wait_writable()
+            if self.clock() < self.valid_until:
+                return
+            async with self._lock:
+                self._check()
+                if self.clock() >= self.valid_until:
+                    await self._prove()
+                    if self.clock() >= self.valid_until and not self._slow_warned:
+                        self._slow_warned = True
+                        log.warning("fence_proof_slow", window=self.window,
+                                    detail="reading the owner marker took longer than SIDECAR_FENCE_WINDOW, so each "
+                                           "proof is stale before a write can use it and is taken again: raise "
+                                           "SIDECAR_FENCE_WINDOW above the store's latency")
+            # checked again once the lock is released: a proof may have aged meanwhile
+
+    async def _prove(self) -> None:
+        """Read the marker: ours proves one window from the send; a higher stamp fences us; none
+        or a lower one is written again (refused by the store if a higher one is there). Called
+        under the lock."""
+        t = self.clock()
+        marker = await self._read()
+        theirs = max(_stamp(marker.get("generation")), _stamp(marker.get(STORED_VERSION)))
+        if _stamp(marker.get("generation")) == self.stamp == _stamp(marker.get(STORED_VERSION)):
+            self.valid_until = t + self.window
+            return
+        if theirs <= self.stamp:  # lost, rolled back or garbled: ours again
+            t = self.clock()
+            if await self._write(self.stamp):
+                self.valid_until = t + self.window
+                return
+            marker = await self._read()
+            theirs = max(_stamp(marker.get("generation")), _stamp(marker.get(STORED_VERSION)))
+        self._fence(marker, theirs)
+
+    def _fence(self, marker: dict, theirs: int) -> None:
+        who = (f"a newer sidecar (generation {theirs >> 32})" if theirs >> 32 != self.generation else
+               f"another sidecar that claimed generation {theirs >> 32} at the same moment")
+        self.fenced = (conflict(marker, self.identity, self.namespace) or
+                       f"{who} owns this store prefix; this one (generation {self.generation}) stopped writing")
+        log.error("fenced", detail=self.fenced)
+        raise Fenced(self.fenced)
+
+    async def heartbeat(self) -> None:
+        """Rewrite our marker with a fresh heartbeat: a compare-and-swap on our stamp, so it never
+        replaces a successor's marker nor brings back a lost one. A refused heartbeat is settled
+        by a proof (raises :class:`Fenced` when a newer owner is there). Nothing before the
+        claim, after the release or once fenced."""
+        if not self._claimed.is_set() or not self.stamp:
             return
         async with self._lock:
-            if self.fenced:
-                raise Fenced(self.fenced)
-            if time.monotonic() < self.valid_until:
+            if self.fenced or self.released:
                 return
-            t = time.monotonic()
-            if not await self._write(self.stamp):
-                marker = await self._read()
-                theirs = _stamp(marker.get("generation")) >> 32
-                who = (f"a newer sidecar (generation {theirs})" if theirs != self.generation else
-                       f"another sidecar that claimed generation {theirs} at the same moment")
-                self.fenced = (conflict(marker, self.identity, self.namespace) or
-                               f"{who} owns this store prefix; this one (generation {self.generation}) stopped writing")
-                log.error("fenced", detail=self.fenced)
-                raise Fenced(self.fenced)
-            self.valid_until = t + self.window
+            t = self.clock()
+            if await self._write(self.stamp, if_version=self.stamp):
+                self.valid_until = max(self.valid_until, t + self.window)
+                return
+            await self._prove()
 
 
 #: Stamps above this are malformed (a generation in the high bits, 32 random bits below).

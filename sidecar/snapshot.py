@@ -33,7 +33,7 @@ import json
 import tarfile
 import time
 from dataclasses import dataclass, replace
-from typing import AsyncIterator, Awaitable, Callable, Coroutine, Iterator, TypeVar
+from typing import TYPE_CHECKING, AsyncIterator, Callable, Coroutine, Iterator, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -44,6 +44,9 @@ from sidecar.localfs import FileSource, Unstable, Vanished, absent, hash_stable,
 from sidecar.metrics import Totals
 from sidecar.paths import IgnoreRules, Root, split_key
 from sidecar.store.base import CHUNK_BYTES, OWN_NAMESPACE, NotFound, ObjectMeta, Store, StoreError
+
+if TYPE_CHECKING:
+    from sidecar.writer import Writer
 
 BUNDLE_DIR = f"{OWN_NAMESPACE}/bundles"
 
@@ -431,19 +434,17 @@ async def close_stream(chunks: AsyncIterator[bytes]) -> None:
 
 class Committer:
     """Commits batches of snapshot roots by the protocol above, against ``known`` (what the store is
-    known to hold, kept current here). Before every write it awaits ``guard`` (the fence's proof of
-    ownership, which never returns once fenced) and stamps the write with ``version()``."""
+    known to hold, kept current here). Its writes go through ``writer`` (a proof of ownership right
+    before each, its version; :class:`~sidecar.fence.Fenced` once a newer sidecar owns the
+    namespace), which it never bypasses."""
 
-    def __init__(self, store: Store, roots: list[Root], ignore: IgnoreRules, known: StoreState, *,
-                 max_file_size: int, guard: Callable[[], Awaitable[None]], version: Callable[[], int],
-                 totals: Totals) -> None:
-        self.store = store
+    def __init__(self, writer: Writer, roots: list[Root], ignore: IgnoreRules, known: StoreState, *,
+                 max_file_size: int, totals: Totals) -> None:
+        self.writer = writer
         self.roots_by_name = {r.name: r for r in roots}
         self.ignore = ignore
         self.known = known
         self.max_file_size = max_file_size
-        self.guard = guard
-        self.version = version
         self.totals = totals
         #: per root: a commit's bundle put..delete and the start-up cleanup's delete never interleave
         self._locks: dict[str, anyio.Lock] = {}
@@ -493,8 +494,8 @@ class Committer:
         return True
 
     async def _apply(self, root: Root, changes: list[Change]) -> None:
-        # Every write proves ownership (free within the fence's window): a large commit can outlast
-        # one proof, and a newer owner's objects must never see our writes after it.
+        # Every write proves ownership in the writer (free within the fence's window): a large
+        # commit can outlast one proof, and a newer owner's objects must never see our writes after it.
         if len(changes) > 1 or (changes and self.known.has_bundle(root.name)):
             blob: bytes | BundleSource
             if all(not isinstance(c.data, FileSource) for c in changes):
@@ -503,37 +504,35 @@ class Committer:
             else:  # streamed, never held: read once for its digests, then again for the store
                 blob = await anyio.to_thread.run_sync(BundleSource.measure, root.name, changes)
                 meta = ObjectMeta(blob.size, blob.sha256, time.time_ns(), 0o600)
-            await self.guard()
-            await self.store.put(bundle_key(root.name), blob, replace(meta, version=self.version()))
+            await self.writer.put(bundle_key(root.name), blob, meta)
             self.known.add_bundle(root.name)
         for c in changes:  # the bundle makes the batch atomic; order within it does not matter
-            await self.guard()
             if c.meta is None:
-                await self.store.delete(c.key)
+                await self.writer.delete(c.key)
                 self.known.deleted(c.key)
                 self.totals.deleted()
             else:
                 assert c.data is not None
-                self.known.stored(c.key, await self.store.put(c.key, c.data, replace(c.meta, version=self.version())))
+                self.known.stored(c.key, await self.writer.put(c.key, c.data, c.meta))
                 self.totals.uploaded(c.meta.size)
         if self.known.has_bundle(root.name):
-            await self.guard()
-            await self.store.delete(bundle_key(root.name))
+            await self.writer.delete(bundle_key(root.name))
             self.known.discard_bundle(root.name)
 
     async def drop_stale_bundles(self, snapshot_roots: set[str], keep: set[str],
                                  pending_keys: Callable[[], set[str]]) -> None:
         """Delete the bundles that cut-short snapshot commits left for roots with nothing left to
         commit (no key in ``pending_keys()``: their disk already matches the per-file objects),
-        except for roots in ``keep`` (whose disk is not the truth). A delete is a write: it waits
-        for the guard (the claim)."""
-        await self.guard()
+        except for roots in ``keep`` (whose disk is not the truth). The listing waits for the claim
+        and a predecessor's window (:meth:`Writer.ready`); each delete proves ownership itself, after
+        the listing and the root's lock. Raises :class:`~sidecar.fence.Fenced`."""
+        await self.writer.ready()
         if snapshot_roots:
             # Listed again now that the claim's wait is over: a predecessor fenced in the middle of
             # a commit may have left its bundle after our start-up listing, and from now on none of
             # its writes can land. Left in place, a later restore would lay it over our files.
             try:
-                async for info in self.store.list(BUNDLE_DIR + "/"):
+                async for info in self.writer.list(BUNDLE_DIR + "/"):
                     name = info.key[len(BUNDLE_DIR) + 1 :]
                     if name in snapshot_roots:
                         self.known.add_bundle(name)
@@ -546,7 +545,7 @@ class Committer:
                 if not self.known.has_bundle(name) or any(k.split("/", 1)[0] == name for k in pending_keys()):
                     continue
                 try:
-                    await self.store.delete(bundle_key(name))
+                    await self.writer.delete(bundle_key(name))
                     self.known.discard_bundle(name)
                 except StoreError as e:
                     log.warning("bundle_cleanup_failed", root=name, error=str(e))

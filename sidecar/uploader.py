@@ -5,7 +5,8 @@ intents, recorded in a :class:`~sidecar.queue.PendingSet`, which coalesces per p
 the delete barrier. ``concurrency`` workers take ready operations; each upload re-reads the file at
 handling time, so what lands is always the newest complete version. A snapshot root has its own
 pending set and one worker, which hands each batch to the :class:`~sidecar.snapshot.Committer`.
-No write happens before the fence's claim, nor after this sidecar is fenced. Failed operations are
+Every write goes through the :class:`~sidecar.writer.Writer` (the fence's claim, a proof right
+before each write, the version); a fenced worker parks for good, its work left pending. Failed operations are
 retried (:class:`~sidecar.retry.Retry`: backoff with jitter) for as long as the process runs; the
 pending set keeps at most one entry per path meanwhile.
 """
@@ -13,7 +14,6 @@ pending set keeps at most one entry per path meanwhile.
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from typing import Callable
 
 import anyio
@@ -21,7 +21,7 @@ import anyio.to_thread
 from anyio.abc import TaskStatus
 
 from sidecar import log, metrics
-from sidecar.fence import Fence, Fenced
+from sidecar.fence import Fenced
 from sidecar.hints import Hints
 from sidecar.known import StoreState
 from sidecar.localfs import (
@@ -39,7 +39,8 @@ from sidecar.paths import IgnoreRules, Root, split_key
 from sidecar.queue import DELETE, UPLOAD, Kind, Op, PendingSet
 from sidecar.retry import Retry, StoreHealth
 from sidecar.snapshot import Committer
-from sidecar.store.base import ObjectMeta, Store, StoreError
+from sidecar.store.base import ObjectMeta, StoreError
+from sidecar.writer import Writer
 
 #: Store operations after which going idle also hands freed heap memory back to the system.
 TRIM_AFTER_OPS = 256
@@ -51,18 +52,18 @@ INTERNAL_GIVE_UP = 5
 class Uploader:
     def __init__(
         self,
-        store: Store,
+        writer: Writer,
         roots: list[Root],
         ignore: IgnoreRules,
         known: StoreState | None = None,
         *,
-        fence: Fence | None = None,
         concurrency: int = 16,
         max_file_size: int = 256 * 1024 * 1024,
         snapshot_roots: set[str] = frozenset(),  # type: ignore[assignment]
         on_degraded: Callable[[float | None], None] | None = None,
     ) -> None:
-        self.store = store
+        #: every write goes through it (claim, proof, version); it tells when we are fenced
+        self.writer = writer
         self.roots = roots
         self.roots_by_name = {r.name: r for r in roots}
         self.concurrency = concurrency
@@ -70,9 +71,6 @@ class Uploader:
         self.pending = PendingSet()
         #: roots committed as crash-consistent snapshots (see sidecar.snapshot), one set each
         self.snapshots: dict[str, PendingSet] = {name: PendingSet() for name in snapshot_roots}
-        #: proves ownership of the store prefix before writes (sync/run; None: no claim)
-        self.fence = fence
-        self.fenced = anyio.Event()
         #: what the store is known to hold: its objects, their directories, the skipped files and
         #: the outstanding bundles (shared with the daemon's reconcile)
         self.known = StoreState() if known is None else known
@@ -81,8 +79,8 @@ class Uploader:
         #: for the metrics and the shutdown summary line
         self.totals = metrics.Totals()
         self.hints = Hints(roots, ignore, self.known, self)
-        self.committer = Committer(store, roots, ignore, self.known, max_file_size=max_file_size,
-                                   guard=self._guard, version=self._version, totals=self.totals)
+        self.committer = Committer(writer, roots, ignore, self.known, max_file_size=max_file_size,
+                                   totals=self.totals)
         self._dirty_since: dict[str, float] = {}
         self._wake = anyio.Event()
         self._idle = anyio.Event()
@@ -126,6 +124,11 @@ class Uploader:
         self._notify()
 
     # -- state -----------------------------------------------------------------------------
+    @property
+    def fenced(self) -> anyio.Event:
+        """Set once a newer sidecar owns the namespace (the writer's)."""
+        return self.writer.fenced
+
     def _sets(self) -> list[PendingSet]:
         return [self.pending, *self.snapshots.values()]
 
@@ -149,8 +152,7 @@ class Uploader:
     # -- workers ---------------------------------------------------------------------------
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         async with anyio.create_task_group() as tg:
-            if self.fence is not None:
-                tg.start_soon(self._claim, self.fence)
+            tg.start_soon(self._claim)
             for _ in range(self.concurrency):
                 tg.start_soon(self._worker)
             for name in self.snapshots:
@@ -168,16 +170,15 @@ class Uploader:
             finally:
                 self._notify()  # wakes workers waiting on a barrier this op may have opened
 
-    async def _claim(self, fence: Fence) -> None:
+    async def _claim(self) -> None:
         """Claim the store (see fence.py); every write waits for this. While the store refuses or
         fails, the claim is retried forever and counted as a failing write (degraded, logged):
         a read-only credential shows up there, not as silence."""
         retry = self.store_health.retry(op="claim")
         while True:
             try:
-                await fence.claim()
+                await self.writer.claim()
             except Fenced:
-                self._mark_fenced()
                 return
             except StoreError as e:
                 await retry.failed(e)
@@ -187,44 +188,30 @@ class Uploader:
 
     async def drop_stale_bundles(self, keep: set[str]) -> None:
         """Delete the bundles cut-short snapshot commits left, except for roots in ``keep``: see
-        :meth:`Committer.drop_stale_bundles`."""
-        await self.committer.drop_stale_bundles(set(self.snapshots), keep, self.pending_keys)
-
-    async def _guard(self) -> None:
-        """Before any write: wait for and prove store ownership; park for good when fenced."""
-        if self.fence is None:
-            return
+        :meth:`Committer.drop_stale_bundles`. Fenced: nothing is deleted."""
         try:
-            await self.fence.before_write()
+            await self.committer.drop_stale_bundles(set(self.snapshots), keep, self.pending_keys)
         except Fenced:
-            self._mark_fenced()
-            await anyio.sleep_forever()
-
-    def _version(self) -> int:
-        """The version of the next write (see ``Fence.next_version``; 0 without a fence)."""
-        return self.fence.next_version() if self.fence is not None else 0
-
-    def _mark_fenced(self) -> None:
-        """A newer sidecar owns the store prefix (the fence has logged why): no more writes."""
-        self.fenced.set()
-        metrics.FENCED.set(1)
+            pass
 
     async def _handle(self, op: Op) -> None:
         started = self._dirty_since.pop(op.key, None) if op.kind == UPLOAD else None
         retry = self.store_health.retry(path=op.key, op=op.kind)
         while True:
             try:
-                await self._guard()
+                await self.writer.ready()  # before the file is read: the claim's wait holds no memory
                 if op.kind == UPLOAD:
                     await self._upload(op, started)
                 else:
-                    await self.store.delete(op.key)
+                    await self.writer.delete(op.key)
                     self.known.deleted(op.key)
                     self.totals.deleted()
                     log.debug("deleted", path=op.key)
                 self.pending.done(op)
                 self._succeeded(retry)
                 return
+            except Fenced:  # nothing more is written: the op stays in flight, reported as pending
+                await anyio.sleep_forever()
             except Exception as e:  # a bug or an unexpected OS error included: never kill the daemon
                 if not await retry.failed(e, give_up=INTERNAL_GIVE_UP):
                     self.pending.done(op)  # given up for now; the next reconcile tries again
@@ -252,8 +239,10 @@ class Uploader:
                 continue
             started = [t for t in (self._dirty_since.pop(op.key, None) for op in ops) if t is not None]
             try:
-                await self._guard()
+                await self.writer.ready()
                 committed = await self.committer.commit(root, [op.key for op in ops])
+            except Fenced:  # nothing more is written: the batch stays in flight, reported as pending
+                await anyio.sleep_forever()
             except Exception as e:  # never kill the daemon; the batch stays pending
                 for op in ops:
                     ps.retry(op)
@@ -307,14 +296,13 @@ class Uploader:
         self.known.unskip(op.key)
         known = self.known.get(op.key)
         if known is None or not known.same_as(meta):
-            meta = replace(meta, version=self._version())
             try:
-                info = await self.store.put(op.key, data, meta)
+                info = await self.writer.put(op.key, data, meta)
             except (Unstable, Vanished):  # a streamed file changed while it was sent: nothing was stored
                 self.mark(op.key, UPLOAD)
                 return
             self.known.stored(op.key, info)
-            if info.version > meta.version:
+            if self.writer.newer(info):
                 # A newer owner of the namespace stored a later version (the fence stops this
                 # sidecar at its next proof): this older content is not stored. Never silently.
                 self.hints.skip(op.key, root, parts, "store_newer",

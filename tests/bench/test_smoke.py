@@ -16,3 +16,19 @@ def test_bench_quick_runs_and_writes_results():
     results = json.loads((REPO / written[0]).read_text())["results"]
     figures = {x["figure"].split(" ")[0] for x in results}
     assert {"latency", "burst", "restore", "write"} <= figures
+
+
+def test_requests_bench_counts_one_write_per_sparse_checkpoint(tmp_path):
+    """bench/requests.py against its own Azurite: sparse checkpoints cost one write each (the
+    proof of ownership is a marker read), idling costs none, and the heartbeat writes the marker."""
+    out = tmp_path / "requests.json"
+    r = subprocess.run([sys.executable, "bench/requests.py", "--checkpoints", "3", "--gap", "2.5", "--idle", "5",
+                        "--heartbeat", "2", "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    (result,) = json.loads(out.read_text())["results"]
+    assert result["checkpoint_requests"].get("PUT marker", 0) == 0, result["checkpoint_requests"]
+    assert result["checkpoint_requests"]["PUT file"] == 3
+    assert result["write_ops_per_checkpoint"] <= 1.1
+    assert result["idle_requests"] == {}
+    heartbeats = result["idle_requests_with_that_heartbeat"]
+    assert heartbeats.get("PUT marker", 0) >= 1 and set(heartbeats) <= {"PUT marker", "GET marker"}, heartbeats

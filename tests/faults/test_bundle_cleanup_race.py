@@ -19,6 +19,7 @@ from sidecar.snapshot import bundle_key
 from sidecar.store.base import NotFound, ObjectMeta
 from sidecar.store.directory import DirectoryStore
 from sidecar.uploader import Uploader
+from sidecar.writer import Writer
 from support import write_atomic
 
 pytestmark = pytest.mark.faults
@@ -60,7 +61,7 @@ def test_the_stale_bundle_cleanup_never_leaves_a_commits_bundle_behind(tmp_path)
     async def main():
         await store.open()
         await store.put(bundle_key(name), stale, ObjectMeta.of(stale, 1, 0o600))
-        uploader = Uploader(store, roots, IgnoreRules(), snapshot_roots={name})
+        uploader = Uploader(Writer(store), roots, IgnoreRules(), snapshot_roots={name})
         uploader.known.add_bundle(name)
         write_atomic(state / "a.json", b"a")
         write_atomic(state / "b.json", b"b")
@@ -101,7 +102,7 @@ def test_a_bundle_a_fenced_predecessor_left_after_our_listing_is_dropped(tmp_pat
     async def main():
         store = DirectoryStore(str(tmp_path / "store"))
         await store.open()
-        uploader = Uploader(store, roots, IgnoreRules(), snapshot_roots={name})
+        uploader = Uploader(Writer(store), roots, IgnoreRules(), snapshot_roots={name})
         assert uploader.known.bundles() == set()  # what our start-up listing found
         await store.put(bundle_key(name), left, ObjectMeta.of(left, 1, 0o600))  # then it landed
         await uploader.drop_stale_bundles(set())

@@ -292,11 +292,12 @@ def test_a_snapshot_commit_stops_at_the_first_write_after_it_is_fenced(tmp_path)
     commit: once a newer sidecar owns the prefix, not one more of our writes reaches it."""
     import anyio
 
-    from sidecar.fence import OWNER_KEY, Fence
+    from sidecar.fence import OWNER_KEY, Fence, Fenced
     from sidecar.paths import IgnoreRules, make_roots
     from sidecar.store.base import ObjectMeta
     from sidecar.store.directory import DirectoryStore
     from sidecar.uploader import Uploader
+    from sidecar.writer import Writer
 
     state = tmp_path / "state"
     roots = make_roots([str(state)], str(tmp_path))
@@ -305,11 +306,15 @@ def test_a_snapshot_commit_stops_at_the_first_write_after_it_is_fenced(tmp_path)
     for i in range(3):
         write_atomic(state / f"{i}.json", b"%d" % i)
 
+    now = [0.0]  # the fence's clock: each stored file takes longer than a window
+
     class TakenOverAfterOneFile(DirectoryStore):
         written: list[str] = []
 
         async def put(self, key, data, meta, **conditions):
             info = await super().put(key, data, meta, **conditions)
+            if key != OWNER_KEY:
+                now[0] += 2.0
             if key in keys:
                 type(self).written.append(key)
                 if len(type(self).written) == 1:  # a newer sidecar claims the prefix now
@@ -320,14 +325,12 @@ def test_a_snapshot_commit_stops_at_the_first_write_after_it_is_fenced(tmp_path)
     async def main():
         store = TakenOverAfterOneFile(str(tmp_path / "store"))
         await store.open()
-        fence = Fence(store, window=0.0, margin=0.0)  # every write needs a fresh proof
+        fence = Fence(store, window=1.0, margin=0.0, clock=lambda: now[0])  # every write needs a fresh proof
         await fence.claim()
-        uploader = Uploader(store, roots, IgnoreRules(), fence=fence, snapshot_roots={name})
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(uploader.committer.commit, roots[0], keys)
-            with anyio.fail_after(10):
-                await uploader.fenced.wait()
-            tg.cancel_scope.cancel()
+        uploader = Uploader(Writer(store, fence), roots, IgnoreRules(), snapshot_roots={name})
+        with anyio.fail_after(10), pytest.raises(Fenced):
+            await uploader.committer.commit(roots[0], keys)
+        assert uploader.fenced.is_set()
         assert len(TakenOverAfterOneFile.written) == 1
         await store.aclose()
 

@@ -25,7 +25,7 @@ def test_a_batchs_deletes_wait_for_its_uploads_whatever_the_order(tmp_path, orde
     """The host writes B, then deletes A; both arrive in one batch, in either order."""
     cps = tmp_path / ".checkpoints"
     roots = make_roots([str(cps)], str(tmp_path))
-    uploader = Uploader(store=None, roots=roots, ignore=IgnoreRules())
+    uploader = Uploader(writer=None, roots=roots, ignore=IgnoreRules())
     a, b = ".checkpoints/ctx/A.json", ".checkpoints/ctx/B.json"
     uploader.known.stored(a, ObjectInfo(a, 1, "0" * 64, 1, 0o600))
     write_atomic(cps / "ctx" / "B.json", b"B")

@@ -285,6 +285,7 @@ def test_a_streamed_file_changed_after_the_bundle_leaves_a_restorable_state(tmp_
     from sidecar.paths import IgnoreRules, Root
     from sidecar.restorer import restore
     from sidecar.store.directory import DirectoryStore
+    from sidecar.writer import Writer
 
     monkeypatch.setattr(snapshot, "HELD_MAX", 1024)  # the large file is streamed, the small one held
     work = tmp_path / "work"
@@ -308,11 +309,8 @@ def test_a_streamed_file_changed_after_the_bundle_leaves_a_restorable_state(tmp_
         await store.open()
         known = StoreState()
 
-        async def guard():
-            pass
-
-        committer = snapshot.Committer(store, [root], IgnoreRules(), known, max_file_size=2**30, guard=guard,
-                                       version=lambda: 1, totals=Totals())
+        committer = snapshot.Committer(Writer(store), [root], IgnoreRules(), known, max_file_size=2**30,
+                                       totals=Totals())
         keys = ["state/big.bin", "state/bindings.json"]
         assert await committer.commit(root, keys) is False
         assert known.has_bundle("state")
