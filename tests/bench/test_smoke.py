@@ -19,10 +19,10 @@ def test_bench_quick_runs_and_writes_results():
 
 
 def test_requests_bench_counts_one_write_per_sparse_checkpoint(tmp_path):
-    """bench/requests.py against its own Azurite: sparse checkpoints cost one write each (the
+    """bench/request_counts.py against its own Azurite: sparse checkpoints cost one write each (the
     proof of ownership is a marker read), idling costs none, and the heartbeat writes the marker."""
     out = tmp_path / "requests.json"
-    r = subprocess.run([sys.executable, "bench/requests.py", "--checkpoints", "3", "--gap", "2.5", "--idle", "5",
+    r = subprocess.run([sys.executable, "bench/request_counts.py", "--checkpoints", "3", "--gap", "2.5", "--idle", "5",
                         "--heartbeat", "2", "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     (result,) = json.loads(out.read_text())["results"]

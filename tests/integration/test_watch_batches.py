@@ -148,7 +148,7 @@ def test_a_file_where_the_store_holds_the_other_shape_deletes_it_after_the_uploa
     the change, each behind the barrier of the new shape's upload."""
     cps = tmp_path / ".checkpoints"
     roots = make_roots([str(cps)], str(tmp_path))
-    uploader = Uploader(store=None, roots=roots, ignore=IgnoreRules())
+    uploader = Uploader(writer=None, roots=roots, ignore=IgnoreRules())
     for key in (".checkpoints/a", ".checkpoints/d/x", ".checkpoints/d/e/y", ".checkpoints/dz"):
         uploader.known.stored(key, ObjectInfo(key, 1, "0" * 64, 1, 0o600))
     write_atomic(cps / "a" / "x", b"new a/x")

@@ -1,6 +1,6 @@
 """Store requests per sparse checkpoint and per idle hour of a running ``sync``, against Azurite.
 
-    .venv/bin/python bench/requests.py [--tree DIR ...] [--checkpoints 10] [--gap 3] [--idle 30]
+    .venv/bin/python bench/request_counts.py [--tree DIR ...] [--checkpoints 10] [--gap 3] [--idle 30]
 
 Starts its own Azurite (tests/azurite.py) behind the counting proxy of tests/proxy.py, then, for
 each source tree given (default: this checkout; a tree is a directory holding ``sidecar/``, e.g.
