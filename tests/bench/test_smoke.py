@@ -4,7 +4,11 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from support import REPO
+
+pytestmark = pytest.mark.slow  # whole benchmark runs: not in the fast suite
 
 
 def test_bench_quick_runs_and_writes_results():
