@@ -14,8 +14,10 @@ snapshot mode the store therefore only ever holds a state the disk really passed
    written as one *bundle* object (``.sidecar/bundles/<root>``: every changed file and deletion),
    then applied to the per-file objects, then the bundle is deleted. A crash after the bundle put
    (or a streamed file that changed before its own put) leaves the bundle behind, and restore lays
-   it over the per-file objects: either the old state or the new one is restorable, never a mix.
-   The root's next commit replaces that bundle with the disk's newer state.
+   it over the per-file objects older than it (by version: the commit's own puts come after the
+   bundle): either the old state or the new one is restorable, never a mix. The root's next
+   commit replaces that bundle with the disk's newer state. A batch larger than a bundle may be
+   (:data:`MAX_BUNDLE_ENTRIES`, :data:`MAX_HEADER_BYTES`) is committed in parts.
 
 Bundles are written and read as streams (:func:`bundle_chunks`, :class:`BundleSource`,
 :class:`BundleReader`; the format is described below), so no file is ever held whole; the
