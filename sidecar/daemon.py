@@ -188,7 +188,7 @@ class Daemon:
         listing, result = await restore(self.store, self.roots, mode=self.settings.restore,
                                         concurrency=self.settings.concurrency, deadline=deadline,
                                         on_corrupt=self.settings.restore_corrupt, max_file_size=self.settings.max_file_size,
-                                        namespace=ns.path)
+                                        namespace=ns.path, ignore=self.ignore)
         self.lineage_due = set(result.unrecorded)
         self.namespace_empty = not listing.objects and not listing.bundles and not listing.unsafe
         self.stored_max_version = listing.max_version
@@ -226,7 +226,7 @@ class Daemon:
         ns = self.settings.namespace
         if ns.legacy is None or not self.namespace_empty:
             return
-        empty = [r for r in self.roots if not await anyio.to_thread.run_sync(has_regular_files, r.path)]
+        empty = [r for r in self.roots if not await anyio.to_thread.run_sync(has_regular_files, r.path, self.ignore)]
         if not empty:
             return  # the host has its state (being adopted into this namespace, say)
         from sidecar.store import make_store

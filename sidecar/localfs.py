@@ -164,8 +164,15 @@ def _refuse_once(key: str) -> None:
                 detail="never mirrored: rename it (a directory's whole tree is skipped)")
 
 
-def has_regular_files(path: str) -> bool:
-    """True when the tree holds at least one regular file (empty placeholder directories don't count)."""
+_DEFAULT_RULES = IgnoreRules()
+
+
+def has_regular_files(path: str, ignore: IgnoreRules | None = None) -> bool:
+    """True when the tree holds at least one regular file that is state: empty placeholder
+    directories, names ``ignore`` says are never mirrored (a writer's temp file) and the
+    sidecar's own files (:data:`~sidecar.paths.INTERNAL_IGNORE`, whatever ``ignore`` says) don't
+    count. ``ignore`` defaults to the default rules."""
+    ignored = (ignore or _DEFAULT_RULES).ignored
     stack = [path]
     while stack:
         try:
@@ -174,7 +181,7 @@ def has_regular_files(path: str) -> bool:
             continue
         with it:
             for entry in it:
-                if entry.is_file(follow_symlinks=False) and entry.name not in (KEPT_FILE, LINEAGE_FILE):
+                if entry.is_file(follow_symlinks=False) and not ignored(entry.name):
                     return True
                 if entry.is_dir(follow_symlinks=False):
                     stack.append(entry.path)

@@ -39,6 +39,8 @@ INTERNAL_IGNORE = (RESTORE_TMP_PREFIX + "*", RESTORE_MARKER, KEPT_FILE, LINEAGE_
 
 MAX_KEY_BYTES = 1024  # Azure Blob's limit on a blob name; the directory store follows it too.
 
+_INTERNAL = re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in INTERNAL_IGNORE)).match
+
 
 @dataclass(frozen=True)
 class Root:
@@ -110,11 +112,16 @@ def make_key(root: Root, rel: str) -> str:
 def split_key(key: str, roots_by_name: dict[str, Root]) -> tuple[Root, list[str]]:
     """Which root a stored key belongs to and its safe path components under that root.
 
-    Raises :class:`UnsafeKey` for any key that is not a plain relative path of a configured root.
+    Raises :class:`UnsafeKey` for any key that is not a plain relative path of a configured root,
+    and for a name of the sidecar's own files in roots (:data:`INTERNAL_IGNORE`: its control files,
+    restore temp files): no upload ever stores one (they are ignored at every depth), and placed on
+    a disk it would pass for the sidecar's own record.
     """
     parts = validate_relpath(key)
     if len(parts) < 2:
         raise UnsafeKey(f"name has no path below a root: {key!r}")
+    if _INTERNAL(parts[-1]):
+        raise UnsafeKey(f"name is one of the sidecar's own files in roots: {key!r}")
     root = roots_by_name.get(parts[0])
     if root is None:
         raise UnsafeKey(f"name belongs to no configured root: {key!r}")

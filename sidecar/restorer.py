@@ -52,7 +52,7 @@ from sidecar.localfs import (
     write_lineage,
     write_restored,
 )
-from sidecar.paths import Root, UnsafeKey, split_key
+from sidecar.paths import IgnoreRules, Root, UnsafeKey, split_key
 from sidecar.plan import RootDecision, ShapeConflicts, decide_restore
 from sidecar.retry import retry_transient
 from sidecar.snapshot import BUNDLE_DIR, BundleError, Change, close_stream, open_bundle
@@ -253,6 +253,8 @@ class _Restore:
         self.overlay_known = {name: anyio.Event() for name in candidates}
         self.bundles_read: set[str] = set()  # candidates whose bundle was there when read
         self.bundle_changes: dict[str, list[Change]] = {}  # their headers, as first read
+        self.bundle_versions: dict[str, int] = {}  # and the bundle objects' versions
+        self.listed = anyio.Event()  # the listing has ended: every key's listed version is known
         self.progress = _Progress()
         self.dirs = OpenDirs()  # for the files written here on the event loop, not in threads
         self.bodies = ByteBudget()  # the downloads' bytes in memory
@@ -285,6 +287,7 @@ class _Restore:
             self._offer(self.listing.settled(end=True))
 
         await retry_transient(once, "list", deadline)
+        self.listed.set()
         for key, why in self.listing.unsafe:
             log.error("restore_refused_name", path=key, reason=why)
             self.result.refused.append(key)
@@ -305,26 +308,42 @@ class _Restore:
         the files it names (and their deletion), which replaces their own objects. Its header is
         read first (the workers then skip the files it names), then its files are streamed into
         place, a chunk at a time. A read that fails transiently starts over, skipping the files
-        already placed, as long as the bundle is still the same."""
+        already placed, as long as the bundle is still the same. Only the changes newer than the
+        listed objects of their keys apply (:meth:`_bundle_wins`): the bundle's files are placed
+        once the listing has ended, and its stream is not held open meanwhile."""
         placed: set[str] = set()
 
-        async def once() -> None:
+        async def open_checked() -> tuple | None:
             try:
                 opened = await open_bundle(self.store, root.name)
             except BundleError as e:
                 raise RestoreError(f"the snapshot bundle of {root.path} in {self.store.description} is unreadable: {e}") from None
-            changes = None if opened is None else opened[0].changes
+            seen = None if opened is None else (opened[0].changes, opened[2].version)
             if not self.overlay_known[root.name].is_set():
-                self._read_overlay(root, changes)
-            elif changes != self.bundle_changes.get(root.name):
+                self._read_overlay(root, None if opened is None else opened[0].changes,
+                                   0 if opened is None else opened[2].version)
+            elif seen != (None if root.name not in self.bundles_read else
+                          (self.bundle_changes[root.name], self.bundle_versions[root.name])):
+                if opened is not None:
+                    await close_stream(opened[1])
                 raise RestoreError(f"the snapshot bundle of {root.path} in {self.store.description} changed while it "
                                    "was being restored (an older sidecar is still writing); restore again")
+            return opened
+
+        async def once() -> None:
+            opened = await open_checked()
+            if opened is not None and not self.listed.is_set():
+                await close_stream(opened[1])
+                await self.listed.wait()
+                opened = await open_checked()
             if opened is None:
                 return
-            reader, chunks = opened
+            reader, chunks, _ = opened
+            if not placed:
+                self._report_older(root)
             try:
                 async for c, body in reader.files():
-                    if c.key not in placed and c.key in self.overlays[root.name]:
+                    if c.key not in placed and self._bundle_wins(root.name, c.key, self.listing.objects.get(c.key)):
                         await self._place_bundled(root, c, body)
                         placed.add(c.key)
             except BundleError as e:
@@ -334,10 +353,29 @@ class _Restore:
 
         await retry_transient(once, "get", deadline)
 
-    def _read_overlay(self, root: Root, changes: Sequence[Change] | None) -> None:
+    def _bundle_wins(self, root_name: str, key: str, listed: ObjectInfo | None) -> bool:
+        """Whether the root's bundle decides ``key`` rather than its ``listed`` object: it names the
+        key, and its version is not below the listed object's (a later writer's object wins; a
+        commit's own puts come after its bundle, with its bytes). Equal versions are possible only
+        when neither carries one (both written by a release without versions, 0): the bundle
+        wins then, as the snapshot protocol of that release needs."""
+        overlay = self.overlays.get(root_name)
+        if overlay is None or key not in overlay:
+            return False
+        return listed is None or listed.version <= self.bundle_versions.get(root_name, 0)
+
+    def _report_older(self, root: Root) -> None:
+        objects = self.listing.objects
+        older = sum(1 for k in self.overlays.get(root.name, ()) if not self._bundle_wins(root.name, k, objects.get(k)))
+        if older:
+            log.info("restore_bundle_older", root=root.path, changes=older,
+                     detail="the bundle's changes to these keys are older than their stored objects: those are restored")
+
+    def _read_overlay(self, root: Root, changes: Sequence[Change] | None, version: int = 0) -> None:
         if changes is not None:
             self.bundles_read.add(root.name)
             self.bundle_changes[root.name] = list(changes)
+            self.bundle_versions[root.name] = version
         overlay: dict[str, Change] = {}
         for c in changes or ():
             try:
@@ -391,10 +429,9 @@ class _Restore:
                     await self._place(root, info)
 
     def _superseded(self, root: Root, info: ObjectInfo) -> bool:
-        """The root's bundle names the file (its newer version is queued on its own, or it was
+        """The root's bundle decides the file (its newer version is queued on its own, or it was
         deleted): then the file is not restored after all."""
-        overlay = self.overlays.get(root.name)
-        if overlay is None or info.key not in overlay:
+        if not self._bundle_wins(root.name, info.key, info):
             return False
         self.progress.forget(info.size)
         return True
@@ -495,6 +532,8 @@ class _Restore:
             count[key.split("/", 1)[0]] += 1
         for name, overlay in self.overlays.items():
             for key, c in overlay.items():
+                if not self._bundle_wins(name, key, self.listing.objects.get(key)):
+                    continue
                 listed = key in self.listing.objects
                 if c.deleted and listed:
                     count[name] -= 1
@@ -513,6 +552,7 @@ async def restore(
     on_corrupt: str = "fail",
     max_file_size: int = 2**63,
     namespace: str = "",
+    ignore: IgnoreRules | None = None,
 ) -> tuple[Listing, RestoreResult]:
     """Restore by the rule (:func:`sidecar.plan.decide_restore`) while the store is listed; the
     listing (the store's content, for mirroring) and what was restored. A listing or bundle read
@@ -520,7 +560,8 @@ async def restore(
     object whose bytes do not match their recorded sha256 fails the restore (``on_corrupt="fail"``)
     or is left out and reported in ``RestoreResult.quarantined`` (``"skip"``). ``namespace``
     names, with the store's description, the lineage (:func:`lineage_of`) the roots are checked
-    against and recorded with."""
+    against and recorded with. Files ``ignore`` says are never mirrored (by default, the default
+    rules) do not make a root hold files."""
     t0 = time.monotonic()
     result = RestoreResult()
     lineage = lineage_of(store, namespace)
@@ -530,7 +571,7 @@ async def restore(
     candidates: dict[str, Root] = {}
     merging: set[str] = set()
     for root in roots:
-        local = await anyio.to_thread.run_sync(has_regular_files, root.path)
+        local = await anyio.to_thread.run_sync(has_regular_files, root.path, ignore)
         cut_short = restore_cut_short(root)
         held = await anyio.to_thread.run_sync(read_lineage, root) == lineage
         disk[root.name] = (local, cut_short, held)

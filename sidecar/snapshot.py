@@ -14,8 +14,10 @@ snapshot mode the store therefore only ever holds a state the disk really passed
    written as one *bundle* object (``.sidecar/bundles/<root>``: every changed file and deletion),
    then applied to the per-file objects, then the bundle is deleted. A crash after the bundle put
    (or a streamed file that changed before its own put) leaves the bundle behind, and restore lays
-   it over the per-file objects: either the old state or the new one is restorable, never a mix.
-   The root's next commit replaces that bundle with the disk's newer state.
+   it over the per-file objects older than it (by version: the commit's own puts come after the
+   bundle): either the old state or the new one is restorable, never a mix. The root's next
+   commit replaces that bundle with the disk's newer state. A batch larger than a bundle may be
+   (:data:`MAX_BUNDLE_ENTRIES`, :data:`MAX_HEADER_BYTES`) is committed in parts.
 
 Bundles are written and read as streams (:func:`bundle_chunks`, :class:`BundleSource`,
 :class:`BundleReader`; the format is described below), so no file is ever held whole; the
@@ -43,7 +45,7 @@ from sidecar.known import StoreState
 from sidecar.localfs import FileSource, Unstable, Vanished, absent, hash_stable, read_stable, scan_root
 from sidecar.metrics import Totals
 from sidecar.paths import IgnoreRules, Root, split_key
-from sidecar.store.base import CHUNK_BYTES, OWN_NAMESPACE, NotFound, ObjectMeta, Store, StoreError
+from sidecar.store.base import CHUNK_BYTES, OWN_NAMESPACE, NotFound, ObjectInfo, ObjectMeta, Store, StoreError
 
 if TYPE_CHECKING:
     from sidecar.writer import Writer
@@ -55,8 +57,16 @@ BUNDLE_DIR = f"{OWN_NAMESPACE}/bundles"
 HELD_MAX = 8 * 1024 * 1024
 #: The first member of a bundle: its header (root, and every change's key and metadata).
 MANIFEST_NAME = ".sidecar-bundle.json"
-#: A bundle's header is read whole: larger ones are refused as unreadable.
-MAX_HEADER_BYTES = 32 * 1024 * 1024
+#: A bundle's header is read and parsed whole, so it is bounded: a header longer than this, or
+#: naming more entries than that, is refused as unreadable. Parsing one at the limits holds about
+#: 10x its bytes (measured: 50,000 written entries of 60-byte keys, 9 MiB, peak +85 MiB; any JSON
+#: of 8 MiB at most about 12x). A commit's batch is bounded only by its root's file count, so the
+#: committer splits a larger batch (:func:`bundle_parts`): no bundle written exceeds these.
+MAX_HEADER_BYTES = 8 * 1024 * 1024
+MAX_BUNDLE_ENTRIES = 50_000
+#: What one entry can add to a header at most: a 1024-byte key, each byte escaped (``\u00XX``),
+#: and its metadata.
+_MAX_ENTRY_BYTES = 6 * 1024 + 256
 _BLOCK = tarfile.BLOCKSIZE
 
 
@@ -95,17 +105,35 @@ class Change:
 # Both are written and read as streams, a chunk at a time: no file is held whole.
 
 
+def _entry(c: Change) -> dict:
+    if c.meta is None:
+        return {"key": c.key, "deleted": True}
+    return {"key": c.key, "size": c.meta.size, "sha256": c.meta.sha256, "mtime_ns": c.meta.mtime_ns,
+            "mode": c.meta.mode}
+
+
 def _header(root_name: str, changes: list[Change]) -> bytes:
-    return json.dumps({
-        "version": 2,
-        "root": root_name,
-        "entries": [
-            {"key": c.key, "deleted": True} if c.meta is None else
-            {"key": c.key, "size": c.meta.size, "sha256": c.meta.sha256, "mtime_ns": c.meta.mtime_ns,
-             "mode": c.meta.mode}
-            for c in changes
-        ],
-    }, separators=(",", ":")).encode()
+    return json.dumps({"version": 2, "root": root_name, "entries": [_entry(c) for c in changes]},
+                      separators=(",", ":")).encode()
+
+
+def bundle_parts(root_name: str, changes: list[Change]) -> list[list[Change]]:
+    """``changes`` in order, cut into consecutive parts whose bundles stay within the reader's
+    limits (:data:`MAX_BUNDLE_ENTRIES`, :data:`MAX_HEADER_BYTES`): one part, unless the batch is
+    larger than any bundle may be."""
+    fixed = len(_header(root_name, []))
+    if len(changes) <= MAX_BUNDLE_ENTRIES and fixed + len(changes) * _MAX_ENTRY_BYTES <= MAX_HEADER_BYTES:
+        return [changes]
+    parts: list[list[Change]] = [[]]
+    size = fixed
+    for c in changes:
+        n = len(json.dumps(_entry(c), separators=(",", ":"))) + 1
+        if parts[-1] and (len(parts[-1]) == MAX_BUNDLE_ENTRIES or size + n > MAX_HEADER_BYTES):
+            parts.append([])
+            size = fixed
+        parts[-1].append(c)
+        size += n
+    return parts
 
 
 def _member(name: str, size: int, mode: int, mtime_ns: int) -> bytes:
@@ -206,8 +234,17 @@ def _is_int(value: object) -> bool:
 
 def _parse_header(raw: bytes, version: int) -> tuple[str, list[Change]]:
     """The root and changes (written ones without their bytes) of a bundle's JSON header."""
+    objects = 0
+
+    def counted(pairs: list) -> dict:  # every JSON object: bounded before the next is built
+        nonlocal objects
+        objects += 1
+        if objects > MAX_BUNDLE_ENTRIES + 1:
+            raise BundleError(f"unreadable bundle: the header names more than {MAX_BUNDLE_ENTRIES} entries")
+        return dict(pairs)
+
     try:
-        header = json.loads(raw)
+        header = json.loads(raw, object_pairs_hook=counted)
         if not isinstance(header, dict):
             raise BundleError("unreadable bundle: the header is not an object")
         if header.get("version") != version:
@@ -302,8 +339,10 @@ class BundleReader:
         else:
             self.version = 2
             name, size = await self._member_header()
-            if name != MANIFEST_NAME or size > MAX_HEADER_BYTES:
+            if name != MANIFEST_NAME:
                 raise BundleError("unreadable bundle: no header")
+            if size > MAX_HEADER_BYTES:
+                raise BundleError(f"unreadable bundle: its header is larger than {MAX_HEADER_BYTES} bytes")
             raw = await self._read(size)
             await self._read(-size % _BLOCK)
         self.root, self.changes = _parse_header(raw, self.version)
@@ -409,20 +448,24 @@ def decode_bundle(blob: bytes) -> tuple[str, list[Change]]:
     return _run_now(read_all(BundleReader(_one(blob))))
 
 
-async def open_bundle(store: Store, root_name: str) -> tuple[BundleReader, AsyncIterator[bytes]] | None:
-    """The root's outstanding bundle, its header read (:meth:`BundleReader.header`), and its
-    stream (to close once done with); None when there is none."""
+async def open_bundle(store: Store, root_name: str) -> tuple[BundleReader, AsyncIterator[bytes], ObjectInfo] | None:
+    """The root's outstanding bundle, its header read (:meth:`BundleReader.header`), its stream
+    (to close once done with) and the bundle object's info (its ``version`` orders it against the
+    per-file objects); None when there is none. A bundle whose header names another root is a
+    :class:`BundleError`."""
     try:
-        _, chunks = await store.get_stream(bundle_key(root_name))
+        info, chunks = await store.get_stream(bundle_key(root_name))
     except NotFound:
         return None
     reader = BundleReader(chunks)
     try:
         await reader.header()
+        if reader.root != root_name:
+            raise BundleError(f"unreadable bundle: it is stored as {root_name!r}'s but names the root {reader.root!r}")
     except BaseException:
         await close_stream(chunks)
         raise
-    return reader, chunks
+    return reader, chunks, info
 
 
 async def close_stream(chunks: AsyncIterator[bytes]) -> None:
@@ -482,9 +525,15 @@ class Committer:
             return False
         changes = [c for c in changes if c.meta is None or not (
             (info := self.known.get(c.key)) is not None and info.same_as(c.written))]
+        parts = bundle_parts(root.name, changes)
+        if len(parts) > 1:
+            log.warning("snapshot_batch_split", root=root.name, changes=len(changes), parts=len(parts),
+                        detail=f"more changes than one bundle may hold ({MAX_BUNDLE_ENTRIES} entries, a "
+                               f"{MAX_HEADER_BYTES}-byte header): committed in parts, each crash-consistent alone")
         async with self._lock(root.name):
             try:
-                await self._apply(root, changes)
+                for part in parts:
+                    await self._apply(root, part)
             except (Unstable, Vanished):
                 # A streamed file changed after the snapshot: nothing of it was stored. A bundle
                 # already stored stays (restore lays it over a half-applied batch); the next
@@ -523,21 +572,33 @@ class Committer:
                                  pending_keys: Callable[[], set[str]]) -> None:
         """Delete the bundles that cut-short snapshot commits left for roots with nothing left to
         commit (no key in ``pending_keys()``: their disk already matches the per-file objects),
-        except for roots in ``keep`` (whose disk is not the truth). The listing waits for the claim
-        and a predecessor's window (:meth:`Writer.ready`); each delete proves ownership itself, after
-        the listing and the root's lock. Raises :class:`~sidecar.fence.Fenced`."""
+        except for roots in ``keep`` (whose disk is not the truth). A bundle of a configured root
+        committed file by file is deleted whatever is pending: no commit of that root replaces it,
+        and its restore already placed what of it was newer than the per-file objects. The listing
+        waits for the claim and a predecessor's window (:meth:`Writer.ready`); each delete proves
+        ownership itself, after the listing and the root's lock. Raises :class:`~sidecar.fence.Fenced`."""
         await self.writer.ready()
-        if snapshot_roots:
-            # Listed again now that the claim's wait is over: a predecessor fenced in the middle of
-            # a commit may have left its bundle after our start-up listing, and from now on none of
-            # its writes can land. Left in place, a later restore would lay it over our files.
-            try:
-                async for info in self.writer.list(BUNDLE_DIR + "/"):
-                    name = info.key[len(BUNDLE_DIR) + 1 :]
-                    if name in snapshot_roots:
-                        self.known.add_bundle(name)
-            except StoreError as e:
-                log.warning("bundle_cleanup_failed", root="-", error=str(e))
+        per_file: set[str] = set()
+        # Listed again now that the claim's wait is over: a predecessor fenced in the middle of
+        # a commit may have left its bundle after our start-up listing, and from now on none of
+        # its writes can land. Left in place, a later restore would lay it over our files.
+        try:
+            async for info in self.writer.list(BUNDLE_DIR + "/"):
+                name = info.key[len(BUNDLE_DIR) + 1 :]
+                if name in snapshot_roots:
+                    self.known.add_bundle(name)
+                elif name in self.roots_by_name:
+                    per_file.add(name)
+        except StoreError as e:
+            log.warning("bundle_cleanup_failed", root="-", error=str(e))
+        for name in sorted(per_file - keep):
+            async with self._lock(name):
+                try:
+                    await self.writer.delete(bundle_key(name))
+                    log.info("bundle_dropped", root=name, detail="left by a snapshot commit cut short; this root "
+                                                                 "is committed file by file")
+                except StoreError as e:
+                    log.warning("bundle_cleanup_failed", root=name, error=str(e))
         for name in sorted(self.known.bundles() - keep):
             async with self._lock(name):
                 # decided under the lock: a commit of this root may have replaced the bundle, or

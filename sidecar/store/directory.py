@@ -60,6 +60,7 @@ from typing import AsyncIterator, Generator, Iterator
 import anyio
 import anyio.to_thread
 
+from sidecar import log
 from sidecar.paths import UnsafeKey, validate_relpath
 from sidecar.store.base import CHUNK_BYTES, OWN_NAMESPACE, NotFound, ObjectInfo, ObjectMeta, Source, StoreError, StoreFull
 
@@ -336,6 +337,7 @@ class DirectoryStore:
         self._limiter = anyio.CapacityLimiter(32)
         self._temps_cleaned = False
         self._temps_lock = threading.Lock()  # a writer's first puts run at once: one cleans, all wait
+        self._links_told: set[str] = set()  # symlinks a listing skipped, named once each
 
     # -- helpers ---------------------------------------------------------------------------
     def _parts(self, key: str) -> list[str]:
@@ -725,7 +727,8 @@ class DirectoryStore:
     def _walk_dir(self, dfd: int, rfd: int | None, parts: list[str], prefix: str) -> Iterator[ObjectInfo]:
         """The objects below the directory ``dfd`` (key path ``parts``; ``rfd``: its records'
         directory, or None), depth first: it holds one descriptor per level. A symlink is neither
-        listed nor descended into."""
+        listed nor descended into: it is named in one warning (the objects below it are unseen,
+        which never counts as deleted)."""
         for entry in list(os.scandir(dfd)):
             if entry.name.startswith(TMP_PREFIX) or (not parts and entry.name == META_DIR):
                 continue
@@ -737,7 +740,10 @@ class DirectoryStore:
                         continue
                     try:
                         cfd = _child_dir(dfd, entry.name, self._where(sub))
-                    except (FileNotFoundError, NotADirectoryError, _Link):
+                    except _Link:
+                        self._link_skipped(sub)
+                        continue
+                    except (FileNotFoundError, NotADirectoryError):
                         continue  # gone, or replaced meanwhile
                     crfd: int | None = None
                     if rfd is not None:
@@ -754,8 +760,18 @@ class DirectoryStore:
                 elif entry.is_file(follow_symlinks=False) and rel.startswith(prefix):
                     st = entry.stat(follow_symlinks=False)
                     yield self._info(rel, st, _read_record_at(rfd, _meta_name(entry.name)))
+                elif entry.is_symlink() and (prefix.startswith(rel + "/") or rel.startswith(prefix)):
+                    self._link_skipped(sub)
             except FileNotFoundError:
                 continue
+
+    def _link_skipped(self, parts: list[str]) -> None:
+        where = self._where(parts)
+        if where not in self._links_told:
+            self._links_told.add(where)
+            log.warning("store_link_skipped", path=where,
+                        detail="a symlink inside the directory store is never followed: what lies behind it is not "
+                               "listed nor restored (and never taken for deleted); replace it with a real directory")
 
     async def delete(self, key: str) -> None:
         parts = self._parts(key)

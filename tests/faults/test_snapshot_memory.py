@@ -102,8 +102,10 @@ def put_bundle(store_url: str, make) -> None:
         await store.open()
         try:
             source = FileStream(make)
+            # a later generation's bundle than the per-file objects' (the run's, generation 1):
+            # only a bundle newer than an object replaces it at restore
             await store.put(bundle_key(".checkpoints"), source,
-                            ObjectMeta(source.size, source.sha256, time.time_ns(), 0o600))
+                            ObjectMeta(source.size, source.sha256, time.time_ns(), 0o600, version=5 << 40))
         finally:
             await store.aclose()
 
