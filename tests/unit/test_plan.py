@@ -1,5 +1,5 @@
 from sidecar.localfs import LocalStat
-from sidecar.plan import decide_restore, plan_reconcile, plan_status
+from sidecar.plan import Protected, decide_restore, plan_reconcile, plan_status
 from sidecar.store.base import ObjectInfo
 
 
@@ -23,7 +23,7 @@ def test_unknown_hash_is_rewritten():
 
 def test_protected_roots_are_never_emptied():
     remote = {"r/a": info("r/a"), "s/b": info("s/b")}
-    plan = plan_reconcile({}, remote, protected_roots={"r"})
+    plan = plan_reconcile({}, remote, Protected(roots=frozenset({"r"})))
     assert plan.delete == ["s/b"]
 
 
@@ -95,7 +95,7 @@ def test_reconcile_never_deletes_what_it_could_not_see_or_place():
 
     remote = {k: info(k) for k in (".c/a.json", ".c/sub/x.json", ".c/subway.json", ".c/gone.json", ".d/y.json")}
     gaps = Gaps(unreadable={".c/sub": "Permission denied"})
-    plan = plan_reconcile({}, remote, protected_roots={".d"}, keep={".c/a.json"}, gaps=gaps)
+    plan = plan_reconcile({}, remote, Protected(frozenset({".d"}), frozenset({".c/a.json"}), gaps))
     # refused at restore (keep), below an unreadable directory (gaps), a protected root: kept
     assert plan.delete == [".c/gone.json", ".c/subway.json"]
     assert Gaps(unreadable={".c": "EIO"}).covers(".c/anything") and not gaps.covers(".c/subway.json")
@@ -163,8 +163,8 @@ def test_kept_roots_and_keys_and_gaps_are_never_deleted():
 
     known = {k: info(k) for k in ("r/kept", "r/sub/x", "r/gone", "p/y")}
     for known_before in (set(known), None):
-        plan = queue({}, known, known_before=known_before, protected_roots={"p"}, keep={"r/kept"},
-                     gaps=Gaps(unreadable={"r/sub": "Permission denied"}))
+        protected = Protected(frozenset({"p"}), frozenset({"r/kept"}), Gaps(unreadable={"r/sub": "Permission denied"}))
+        plan = queue({}, known, known_before=known_before, protected=protected)
         assert plan.delete == ["r/gone"]
 
 
