@@ -179,3 +179,15 @@ def test_a_full_listing_replaces_beliefs_except_for_busy_keys():
     assert "r/dropped" not in state  # not listed: not in the store
     assert state.get("s/other") is old  # a root not listed keeps what was believed of it
     assert state.get("r/listed/x") is new and state.has_dir("r/listed")
+
+
+def test_protected_is_one_value_for_what_is_never_deleted():
+    from sidecar.localfs import Gaps
+
+    p = Protected(roots=frozenset({"p"}), keys=frozenset({"r/kept"}), gaps=Gaps(unreadable={"r/sub": "EIO"}))
+    assert p.covers("p/anything") and p.covers("r/kept") and p.covers("r/sub/x")
+    assert not p.covers("r/gone") and not p.covers("r/subway") and not p.covers("pp/x")
+    assert not Protected().covers("r/a")
+    # status reports what is missing locally: nothing protected but what its scan could not see
+    assert plan_status({}, {"r/sub/x": info("r/sub/x"), "r/a": info("r/a")},
+                       Gaps(unreadable={"r/sub": "EIO"})).missing_locally == ["r/a"]
