@@ -38,7 +38,7 @@ from sidecar.localfs import (
     scan_root,
 )
 from sidecar.paths import IgnoreRules, Root, is_within
-from sidecar.plan import Protected, plan_reconcile_queue
+from sidecar.plan import Protected, RootKeep, plan_reconcile_queue, plan_root_keep
 from sidecar.restorer import RestoreResult, lineage_of, record_lineage, restore
 from sidecar.retry import reported_wait, retry_transient
 from sidecar.store.base import Store, StoreError
@@ -265,32 +265,20 @@ class Daemon:
         known_before = self.known.keys() if remote is None else None
         local: dict[str, LocalStat] = {}
         gaps = Gaps()
+        restored = self.restored.restored_roots() if self.restored else set()
         for root in roots:
             root_gaps = Gaps()
             files, _links = await anyio.to_thread.run_sync(scan_root, root, self.ignore, root_gaps)
             self._note_gaps(root, root_gaps)
             gaps.merge(root_gaps)
             local.update(files)
-            if files:
-                self.empty_roots.discard(root.name)
-            elif initial and root.name not in (self.restored.restored_roots() if self.restored else set()):
-                self.empty_roots.add(root.name)
-            if initial and root.name not in self.lineage_due \
-                    and await anyio.to_thread.run_sync(read_lineage, root) != self.lineage:
-                self.unproven.add(root.name)
-                if files:
-                    log.warning("root_unproven_protected", root=root.path,
-                                detail="this disk holds no record that this namespace filled it and it was not restored: "
-                                       "its stored files are kept (never deleted); a restore merges them in")
-            elif root.name not in self.unproven and not lineage_recorded(root):
-                self.lineage_due.add(root.name)  # the host removed the root, and the record with it
+            ours = initial and await anyio.to_thread.run_sync(read_lineage, root) == self.lineage
+            self._keep_root(root, bool(files), plan_root_keep(
+                initial=initial, has_files=bool(files), restored=root.name in restored,
+                due=root.name in self.lineage_due, unproven=root.name in self.unproven, ours=ours,
+                recorded=lineage_recorded(root), cut_short=initial and restore_cut_short(root)))
             if files and root.name in self.lineage_due:
                 await self._record_due([root])
-            if initial and restore_cut_short(root):
-                self.incomplete.add(root.name)
-                log.warning("restore_incomplete_root_protected", root=root.path,
-                            detail="an earlier restore into this root was cut short and it was not restored again; "
-                                   "its stored files are kept (never deleted) until a restore completes")
         names = {r.name for r in roots}
         if remote is None:
             known = self.known.objects_in(names)
@@ -324,6 +312,27 @@ class Daemon:
             log.info("reconcile_start", upload=len(upload), delete=len(delete), in_sync=plan.in_sync,
                      protected=",".join(sorted(self.kept_roots)) or "-")
         return fixes
+
+    def _keep_root(self, root: Root, has_files: bool, keep: RootKeep) -> None:
+        """Apply :func:`~sidecar.plan.plan_root_keep` to the roots whose stored files are kept
+        (saying once why) and to those whose lineage is due."""
+        if keep.empty:
+            self.empty_roots.add(root.name)
+        elif keep.empty is False:
+            self.empty_roots.discard(root.name)
+        if keep.unproven:
+            self.unproven.add(root.name)
+            if has_files:
+                log.warning("root_unproven_protected", root=root.path,
+                            detail="this disk holds no record that this namespace filled it and it was not restored: "
+                                   "its stored files are kept (never deleted); a restore merges them in")
+        if keep.due:
+            self.lineage_due.add(root.name)  # the host removed the root, and the record with it
+        if keep.incomplete:
+            self.incomplete.add(root.name)
+            log.warning("restore_incomplete_root_protected", root=root.path,
+                        detail="an earlier restore into this root was cut short and it was not restored again; "
+                               "its stored files are kept (never deleted) until a restore completes")
 
     def _note_gaps(self, root: Root, gaps: Gaps) -> None:
         """Say once what a scan cannot see or store (and when it can again); a root that cannot

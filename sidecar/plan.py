@@ -84,6 +84,40 @@ def plan_reconcile_queue(
     )
 
 
+@dataclass(frozen=True)
+class RootKeep:
+    """What one reconcile learns of a root for :class:`Protected` and the lineage record:
+    ``empty`` True when its stored files are kept because it is empty and was not restored (False:
+    it has files, so no longer; None: unchanged), ``unproven`` when they are kept because the disk
+    is not known to be this namespace's, ``incomplete`` when they are kept because a restore into
+    it was cut short, and ``due`` when its lineage must be recorded before its first upload."""
+
+    empty: bool | None = None
+    unproven: bool = False
+    incomplete: bool = False
+    due: bool = False
+
+
+def plan_root_keep(*, initial: bool, has_files: bool, restored: bool, due: bool, unproven: bool,
+                   ours: bool, recorded: bool, cut_short: bool) -> RootKeep:
+    """The rule for one scanned root. ``initial``: the first reconcile of this start, which alone
+    classifies a root (later ones only see files appear); ``restored``: this start's restore filled
+    it; ``due`` / ``unproven``: what earlier reconciles said; ``ours``: its lineage record names this
+    store and namespace; ``recorded``: it carries a record at all; ``cut_short``: its restore marker
+    is there.
+
+    * A root with no files that the restore did not fill keeps its stored files (``empty``) until
+      it has files again: an empty disk never empties the store.
+    * At the first reconcile, a root neither due nor carrying this namespace's record is
+      ``unproven``: the disk is not the truth. Otherwise a root that is not unproven and carries
+      no record (the host removed the root, and the record with it) is ``due`` again.
+    * At the first reconcile, a root whose restore was cut short is ``incomplete``."""
+    empty = False if has_files else (True if initial and not restored else None)
+    if initial and not due and not ours:
+        return RootKeep(empty, unproven=True, incomplete=cut_short)
+    return RootKeep(empty, due=not unproven and not recorded, incomplete=initial and cut_short)
+
+
 @dataclass
 class RootDecision:
     name: str

@@ -191,3 +191,28 @@ def test_protected_is_one_value_for_what_is_never_deleted():
     # status reports what is missing locally: nothing protected but what its scan could not see
     assert plan_status({}, {"r/sub/x": info("r/sub/x"), "r/a": info("r/a")},
                        Gaps(unreadable={"r/sub": "EIO"})).missing_locally == ["r/a"]
+
+
+def test_which_roots_a_reconcile_keeps_and_which_lineage_is_due():
+    from sidecar.plan import RootKeep, plan_root_keep
+
+    def keep(**kw):
+        facts = dict(initial=True, has_files=True, restored=False, due=False, unproven=False, ours=True,
+                     recorded=True, cut_short=False)
+        return plan_root_keep(**{**facts, **kw})
+
+    assert keep() == RootKeep(empty=False)  # this namespace's disk, with files: the truth
+    # an empty root the restore did not fill keeps its stored files until it has files again
+    assert keep(has_files=False) == RootKeep(empty=True)
+    assert keep(has_files=False, restored=True) == RootKeep(empty=None)
+    assert keep(initial=False, has_files=False) == RootKeep(empty=None)
+    # a disk without this namespace's record, at the first reconcile: not the truth
+    assert keep(ours=False) == RootKeep(empty=False, unproven=True)
+    assert keep(ours=False, due=True) == RootKeep(empty=False)  # to be recorded: this namespace's
+    assert keep(initial=False, ours=False) == RootKeep(empty=False)  # classified once, at the start
+    # a root whose record went with it (the host removed it) is due again, unless unproven
+    assert keep(initial=False, recorded=False) == RootKeep(empty=False, due=True)
+    assert keep(initial=False, recorded=False, unproven=True) == RootKeep(empty=False)
+    # a cut-short restore not redone keeps the root's stored files
+    assert keep(cut_short=True) == RootKeep(empty=False, incomplete=True)
+    assert keep(cut_short=True, ours=False) == RootKeep(empty=False, unproven=True, incomplete=True)
