@@ -11,7 +11,8 @@ later ``sync`` would take for the truth. A root gets a restore marker before its
 loses it after the flush, so a restore cut short is known as such. Which roots are restored
 follows :func:`sidecar.plan.decide_restore`; a root that is this namespace's disk once the restore
 ends gets its lineage record (:func:`record_lineage`), after its files are flushed and before its
-marker goes.
+marker goes. Every such decision is made by :mod:`sidecar.restoreplan` (pure); this module does
+the I/O it says.
 """
 
 from __future__ import annotations
