@@ -11,7 +11,6 @@ Data flow (top-down)::
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from functools import cached_property, partial
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +21,9 @@ from anyio.abc import TaskStatus
 from sidecar import log, metrics
 from sidecar.config import Settings
 from sidecar.fence import check_identity
+from sidecar.health import Health, Phase, RestorePhase
 from sidecar.known import StoreState
+from sidecar.listing import list_store
 from sidecar.localfs import (
     Gaps,
     LocalStat,
@@ -37,8 +38,8 @@ from sidecar.localfs import (
     scan_root,
 )
 from sidecar.paths import IgnoreRules, Root, is_within
-from sidecar.plan import plan_reconcile_queue
-from sidecar.restorer import RestoreResult, lineage_of, list_store, record_lineage, restore
+from sidecar.plan import Protected, RootKeep, plan_reconcile_queue, plan_root_keep
+from sidecar.restorer import RestoreResult, lineage_of, record_lineage, restore
 from sidecar.retry import reported_wait, retry_transient
 from sidecar.store.base import Store, StoreError
 
@@ -48,54 +49,6 @@ if TYPE_CHECKING:
 
 #: How long start-up keeps retrying a store that answers with transient errors before giving up.
 STARTUP_RETRY_SECONDS = 10.0
-
-
-@dataclass
-class Health:
-    """What /livez, /readyz and ``status`` report. Plain data, updated by the daemon."""
-
-    phase: str = "starting"  # starting → restoring → reconciling → ready → stopping
-    reason: str = "starting"
-    restore: RestoreResult | None = None
-    workers_alive: bool = False
-    watcher_alive: bool = False
-    namespace: str = ""  # the resolved store namespace, as shown to operators ('' for the top)
-    #: roots the sidecar cannot read (name -> why): not ready while any
-    unreadable_roots: dict[str, str] = field(default_factory=dict)
-    #: monotonic time before which uploads wait for a predecessor's write window (None: no wait)
-    uploads_wait: float | None = None
-    #: monotonic time store operations began failing (None: they work); set by the uploader
-    store_failing_since: float | None = None
-
-    def store_degraded(self, since: float | None) -> None:
-        self.store_failing_since = since
-
-    def uploads_wait_until(self, until: float | None) -> None:
-        """Told by the fence when our uploads may begin (shown in /readyz and metrics)."""
-        self.uploads_wait = until
-        metrics.FENCE_WAIT.set(max(0.0, until - time.monotonic()) if until is not None else 0)
-
-    def waiting(self) -> float | None:
-        """Seconds our uploads still wait for a predecessor, or None."""
-        if self.uploads_wait is None:
-            return None
-        left = self.uploads_wait - time.monotonic()
-        return left if left > 0 else None
-
-    @property
-    def ready(self) -> bool:
-        return self.phase == "ready" and not self.unreadable_roots
-
-    @property
-    def not_ready_because(self) -> str:
-        """Why the sidecar is not ready (its phase's reason, or what it cannot read)."""
-        if self.phase == "ready" and self.unreadable_roots:
-            return "; ".join(self.unreadable_roots.values()) + " (nothing of it is mirrored: run the sidecar as the host's user)"
-        return self.reason
-
-    def set(self, phase: str, reason: str) -> None:
-        self.phase, self.reason = phase, reason
-        log.debug("phase", phase=phase, reason=reason)
 
 
 class Daemon:
@@ -109,8 +62,10 @@ class Daemon:
         #: what the store is known to hold: nothing until prepare() lists it (the restore may be
         #: skipped, e.g. an unreachable store that is optional); the uploader is given this one
         self.known = StoreState()
+        #: what this start's restore did (None: not run, or it found the store unreachable)
+        self.restored: RestoreResult | None = None
         #: roots that were empty at start and not restored: their stored copy must not be deleted
-        self.protected: set[str] = set()
+        self.empty_roots: set[str] = set()
         #: stored keys never deleted: refused or quarantined by the restore (never placed on disk)
         self.kept_keys: set[str] = set()
         #: what the last scan of each root could not see or cannot store
@@ -137,7 +92,12 @@ class Daemon:
     def kept_roots(self) -> set[str]:
         """Roots whose stored files are never deleted: empty and not restored, cut short, or a disk
         this namespace is not known to hold."""
-        return self.protected | self.incomplete | self.unproven
+        return self.empty_roots | self.incomplete | self.unproven
+
+    def protected(self, gaps: Gaps | None = None) -> Protected:
+        """What a reconcile must not delete now: the kept roots, the kept keys, and ``gaps``
+        (what its scan could not see)."""
+        return Protected(frozenset(self.kept_roots), frozenset(self.kept_keys), gaps)
 
     @property
     def snapshot_roots(self) -> set[str]:
@@ -176,7 +136,15 @@ class Daemon:
         write, and the claim gates only our own writes (an older writer may still finish its
         current window meanwhile, see fence.py), so it delays neither the restore nor the host's
         start. Raises StoreError/RestoreError."""
-        self.health.set("restoring", "restoring state from the store")
+        self.health.set(Phase.RESTORING, "restoring state from the store")
+        self.health.restore_phase(RestorePhase.RUNNING)
+        try:
+            return await self._prepare()
+        except BaseException:
+            self.health.restore_phase(RestorePhase.FAILED)
+            raise
+
+    async def _prepare(self) -> RestoreResult:
         deadline = time.monotonic() + STARTUP_RETRY_SECONDS
         ns = self.settings.namespace
         await reported_wait(partial(retry_transient, self.store.open, "open", deadline),
@@ -194,7 +162,8 @@ class Daemon:
         self.stored_max_version = listing.max_version
         assert "uploader" not in vars(self), "the uploader is made after the restore, with its listing"
         self.known = StoreState.from_listing(listing, self.snapshot_roots)  # the objects handed over, not copied
-        self.health.restore = result
+        self.restored = result
+        self.health.restore_phase(RestorePhase.DONE)
         await self._keep(set(result.refused) | set(result.quarantined))
         return result
 
@@ -260,27 +229,27 @@ class Daemon:
     async def serve(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Watch and mirror until cancelled. ``started()`` once the watch is in place and the
         first reconcile is planned (readiness)."""
-        self.health.set("reconciling", "reconciling disk and store")
+        self.health.set(Phase.RECONCILING, "reconciling disk and store")
         from sidecar.watcher import watch  # imported here: ``run`` starts its child before this
 
         async with anyio.create_task_group() as tg:
             await tg.start(self.uploader.run)
             tg.start_soon(self.writer.heartbeat, self.settings.heartbeat_interval)
-            self.health.workers_alive = True
-            await tg.start(partial(watch, debounce_ms=self.settings.debounce_ms),
+            self.health.alive(workers=True)
+            await tg.start(partial(watch, debounce_ms=self.settings.debounce_ms, on_polling=self.health.watch_polling),
                            self.roots, self._on_paths, self._on_roots_changed)
-            self.health.watcher_alive = True
+            self.health.alive(watcher=True)
             await self.reconcile(initial=True)
             tg.start_soon(self.uploader.drop_stale_bundles, self.kept_roots)
             tg.start_soon(self._reconcile_loop)
             tg.start_soon(self._watch_fence)
             tg.start_soon(self.report_legacy_state)
-            self.health.set("ready", "restored and mirroring")
+            self.health.set(Phase.READY, "restored and mirroring")
             task_status.started()
 
     async def _watch_fence(self) -> None:
         await self.writer.fenced.wait()
-        self.health.set("fenced", self.writer.why_fenced or "fenced by a newer sidecar")
+        self.health.set(Phase.FENCED, self.writer.why_fenced or "fenced by a newer sidecar")
 
     async def _on_paths(self, paths: list[str]) -> None:
         if self.lineage_due:
@@ -306,32 +275,20 @@ class Daemon:
         known_before = self.known.keys() if remote is None else None
         local: dict[str, LocalStat] = {}
         gaps = Gaps()
+        restored = self.restored.restored_roots() if self.restored else set()
         for root in roots:
             root_gaps = Gaps()
             files, _links = await anyio.to_thread.run_sync(scan_root, root, self.ignore, root_gaps)
             self._note_gaps(root, root_gaps)
             gaps.merge(root_gaps)
             local.update(files)
-            if files:
-                self.protected.discard(root.name)
-            elif initial and root.name not in (self.health.restore.restored_roots() if self.health.restore else set()):
-                self.protected.add(root.name)
-            if initial and root.name not in self.lineage_due \
-                    and await anyio.to_thread.run_sync(read_lineage, root) != self.lineage:
-                self.unproven.add(root.name)
-                if files:
-                    log.warning("root_unproven_protected", root=root.path,
-                                detail="this disk holds no record that this namespace filled it and it was not restored: "
-                                       "its stored files are kept (never deleted); a restore merges them in")
-            elif root.name not in self.unproven and not lineage_recorded(root):
-                self.lineage_due.add(root.name)  # the host removed the root, and the record with it
+            ours = initial and await anyio.to_thread.run_sync(read_lineage, root) == self.lineage
+            self._keep_root(root, bool(files), plan_root_keep(
+                initial=initial, has_files=bool(files), restored=root.name in restored,
+                due=root.name in self.lineage_due, unproven=root.name in self.unproven, ours=ours,
+                recorded=lineage_recorded(root), cut_short=initial and restore_cut_short(root)))
             if files and root.name in self.lineage_due:
                 await self._record_due([root])
-            if initial and restore_cut_short(root):
-                self.incomplete.add(root.name)
-                log.warning("restore_incomplete_root_protected", root=root.path,
-                            detail="an earlier restore into this root was cut short and it was not restored again; "
-                                   "its stored files are kept (never deleted) until a restore completes")
         names = {r.name for r in roots}
         if remote is None:
             known = self.known.objects_in(names)
@@ -340,8 +297,7 @@ class Daemon:
         busy = self.uploader.pending_keys()
         await self._forget_kept(set(local))
         plan = plan_reconcile_queue(local, known, known_before=known_before, busy=busy,
-                                    still_skipped=self.known.still_skipped, protected_roots=self.kept_roots,
-                                    keep=self.kept_keys, gaps=gaps)
+                                    still_skipped=self.known.still_skipped, protected=self.protected(gaps))
         upload, delete = plan.upload, plan.delete
         if delete:
             # A file can be missing from the scan and yet be on disk now: unlinked and written again
@@ -367,6 +323,27 @@ class Daemon:
                      protected=",".join(sorted(self.kept_roots)) or "-")
         return fixes
 
+    def _keep_root(self, root: Root, has_files: bool, keep: RootKeep) -> None:
+        """Apply :func:`~sidecar.plan.plan_root_keep` to the roots whose stored files are kept
+        (saying once why) and to those whose lineage is due."""
+        if keep.empty:
+            self.empty_roots.add(root.name)
+        elif keep.empty is False:
+            self.empty_roots.discard(root.name)
+        if keep.unproven:
+            self.unproven.add(root.name)
+            if has_files:
+                log.warning("root_unproven_protected", root=root.path,
+                            detail="this disk holds no record that this namespace filled it and it was not restored: "
+                                   "its stored files are kept (never deleted); a restore merges them in")
+        if keep.due:
+            self.lineage_due.add(root.name)  # the host removed the root, and the record with it
+        if keep.incomplete:
+            self.incomplete.add(root.name)
+            log.warning("restore_incomplete_root_protected", root=root.path,
+                        detail="an earlier restore into this root was cut short and it was not restored again; "
+                               "its stored files are kept (never deleted) until a restore completes")
+
     def _note_gaps(self, root: Root, gaps: Gaps) -> None:
         """Say once what a scan cannot see or store (and when it can again); a root that cannot
         be read makes the sidecar unready: nothing of it would be mirrored."""
@@ -381,10 +358,8 @@ class Daemon:
         for key in set(gaps.unstorable) - set(seen.unstorable):
             log.error("file_unstorable", path=key, detail="its path is longer than a store name may be: never mirrored")
         self.gaps[root.name] = gaps
-        if root.name in gaps.unreadable:
-            self.health.unreadable_roots[root.name] = f"cannot read {root.path}: {gaps.unreadable[root.name]}"
-        else:
-            self.health.unreadable_roots.pop(root.name, None)
+        self.health.root_readable(root.name, f"cannot read {root.path}: {gaps.unreadable[root.name]}"
+                                  if root.name in gaps.unreadable else None)
 
     async def _reconcile_loop(self) -> None:
         s = self.settings
@@ -409,7 +384,7 @@ class Daemon:
     async def drain(self, timeout: float, abandon: anyio.Event | None = None) -> int:
         """Flush what is pending within ``timeout`` seconds (or until ``abandon`` is set).
         Returns how many paths were left pending (0: everything durable)."""
-        self.health.set("stopping", "shutting down: flushing pending changes")
+        self.health.set(Phase.STOPPING, "shutting down: flushing pending changes")
         t0 = time.monotonic()
         with anyio.move_on_after(timeout) as scope:
             async with anyio.create_task_group() as tg:

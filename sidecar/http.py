@@ -7,7 +7,7 @@ GET and HEAD only, the request head bounded to :data:`MAX_REQUEST_BYTES` and to
 still waiting for its request head: probes send theirs at once and are answered within
 milliseconds, so clients that hold connections open without asking (slowloris, from anywhere on
 the pod network) cannot starve ``/livez`` and get the pod restarted. It runs on the daemon's event
-loop but only ever reads :class:`~sidecar.daemon.Health` and the metrics registry, so a slow or
+loop but only ever reads :class:`~sidecar.health.Health` and the metrics registry, so a slow or
 hostile client can hold a connection slot for a second at most, never the sync path.
 
     GET /livez    200 while the process works (restoring, or uploader workers and watcher alive)
@@ -28,18 +28,17 @@ import re
 import socket
 import sys
 import time
-from functools import partial
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import anyio
 from anyio.abc import SocketAttribute, SocketListener, SocketStream, TaskStatus
 
 from sidecar import log
+from sidecar.health import STARTING_PHASES, Health
 
 if TYPE_CHECKING:
     from sidecar.config import Settings
-    from sidecar.daemon import Daemon, Health
 
 MAX_REQUEST_BYTES = 8192  # request line + headers; we never read a body
 CLIENT_TIMEOUT = 5.0  # seconds a client gets to send its request and take the answer
@@ -67,10 +66,7 @@ class HttpBindError(Exception):
 
 # -- the checks (shared by the server and documented in docs/OPERATIONS.md) ----------------------
 
-STARTING_PHASES = ("starting", "restoring", "reconciling")
-
-
-def liveness(health: "Health") -> tuple[bool, str]:
+def liveness(health: Health) -> tuple[bool, str]:
     """Live while starting up (restore can take minutes) and, once mirroring, while the uploader
     workers and the watcher are running."""
     if health.phase in STARTING_PHASES:
@@ -82,24 +78,34 @@ def liveness(health: "Health") -> tuple[bool, str]:
     return True, f"live: {health.phase}"
 
 
-def readiness(health: "Health", degraded_seconds: float | None = None) -> tuple[bool, str]:
+def readiness(health: Health) -> tuple[bool, str]:
     """Ready once restore is done and the first reconcile is queued; not ready again while stopping.
 
-    A failing store (``degraded_seconds``: how long store operations have been failing, None when
-    they are not) does not make the sidecar unready: readiness gates the host's start (the startup
-    probe), and neither restarting the sidecar nor taking the pod out of service fixes the store.
-    Changes are kept, coalesced per path, and retried. The body says so, for people and probes that
-    read it; alerts use ``checkpoint_sidecar_store_degraded``."""
+    A failing store (:meth:`~sidecar.health.Health.store_degraded_seconds`) does not make the
+    sidecar unready: readiness gates the host's start (the startup probe), and neither restarting
+    the sidecar nor taking the pod out of service fixes the store. Changes are kept, coalesced per
+    path, and retried. The body says so, for people and probes that read it; alerts use
+    ``checkpoint_sidecar_store_degraded``. Nor does a watcher that polls (an inotify limit used
+    up): the body says so too."""
     where = f"; namespace {health.namespace}" if health.namespace else ""
     wait = health.waiting()
     if wait is not None:
         where += f"; uploads wait {wait:.0f}s more for the previous owner's write window"
-    if health.ready:
-        if degraded_seconds is not None:
-            return True, (f"ready: {health.reason}{where}; store degraded for {int(degraded_seconds)}s: "
-                          "store operations are failing and being retried, changes are kept")
-        return True, f"ready: {health.reason}{where}"
-    return False, f"not ready: {health.not_ready_because}{where}"
+    if not health.ready:
+        return False, f"not ready: {health.not_ready_because}{where}" + _watch_note(health)
+    degraded_seconds = health.store_degraded_seconds()
+    if degraded_seconds is not None:
+        where += (f"; store degraded for {int(degraded_seconds)}s: "
+                  "store operations are failing and being retried, changes are kept")
+    return True, f"ready: {health.reason}{where}" + _watch_note(health)
+
+
+def _watch_note(health: Health) -> str:
+    """``; watch degraded ...`` while the watcher polls (an inotify limit used up), else ''."""
+    p = health.polling
+    if p is None:
+        return ""
+    return f"; watch degraded for {int(time.monotonic() - p.since)}s: polling every {p.every:g}s, {p.reason}"
 
 
 # -- server ---------------------------------------------------------------------------------------
@@ -110,10 +116,10 @@ def _bind_host(host: str) -> str | None:
     return None if host == "::" else host
 
 
-async def serve(settings: "Settings", daemon: "Daemon", *,
+async def serve(settings: "Settings", health: Health, *,
                 task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-    """Listen on ``settings.http_addr`` until cancelled. ``started()`` once the socket is bound;
-    raises :class:`HttpBindError` (before ``started()``) when it cannot be."""
+    """Answer from ``health`` on ``settings.http_addr`` until cancelled. ``started()`` once the
+    socket is bound; raises :class:`HttpBindError` (before ``started()``) when it cannot be."""
     host_port = settings.http_host_port()
     if host_port is None:
         task_status.started()
@@ -123,19 +129,13 @@ async def serve(settings: "Settings", daemon: "Daemon", *,
         listener = await anyio.create_tcp_listener(local_host=_bind_host(host), local_port=port)
     except (OSError, OverflowError) as e:
         raise HttpBindError(_bind_message(settings.http_addr, e)) from None
-    server = _Server(daemon.health, partial(_degraded_seconds, daemon))
+    server = _Server(health)
     async with listener, anyio.create_task_group() as tg:
         addrs = [_fmt_addr(sub.extra(SocketAttribute.local_address)) for sub in listener.listeners]
         log.info("http_listening", addr=",".join(addrs), endpoints="/livez,/readyz,/metrics")
         for sub in listener.listeners:
             tg.start_soon(server.accept_loop, sub, tg)  # type: ignore[arg-type]  # a TCP listener's streams
         task_status.started()
-
-
-def _degraded_seconds(daemon: "Daemon") -> float | None:
-    """Seconds the store has been failing (``Health.store_failing_since``), or None."""
-    since = daemon.health.store_failing_since
-    return None if since is None else max(0.0, time.monotonic() - since)
 
 
 def _bind_message(addr: str, e: BaseException) -> str:
@@ -161,9 +161,8 @@ def _fmt_addr(sockaddr) -> str:
 
 
 class _Server:
-    def __init__(self, health: "Health", degraded: Callable[[], float | None] = lambda: None) -> None:
+    def __init__(self, health: Health) -> None:
         self.health = health
-        self.degraded = degraded
         self.active = 0
         #: connections still reading their request head, oldest first (dicts keep insertion order)
         self.reading: dict[object, anyio.CancelScope] = {}
@@ -261,8 +260,8 @@ class _Server:
         return (200 if ok else 503), why + "\n", TEXT
 
     def readyz(self) -> tuple[int, bytes | str, str]:
-        ok, why = readiness(self.health, self.degraded())
-        return (200 if ok else 503), why + _watch_note() + "\n", TEXT
+        ok, why = readiness(self.health)
+        return (200 if ok else 503), why + "\n", TEXT
 
     def metrics(self) -> tuple[int, bytes | str, str]:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -272,16 +271,6 @@ class _Server:
         health = self.health
         metrics.READY.set(1.0 if health.ready else 0.0)
         return 200, generate_latest(metrics.REGISTRY), CONTENT_TYPE_LATEST
-
-
-def _watch_note() -> str:
-    """``; watch degraded ...`` while the watcher polls (an inotify limit used up), else ''."""
-    watcher = sys.modules.get("sidecar.watcher")  # never imported here: ``run`` starts its child sooner
-    degraded = getattr(watcher, "DEGRADED", None)
-    if watcher is None or degraded is None or degraded.reason is None:
-        return ""
-    return (f"; watch degraded for {int(time.monotonic() - degraded.since)}s: polling every "
-            f"{watcher.POLL_SECONDS:g}s, {degraded.reason}")
 
 
 _ROUTES = {"/livez": _Server.livez, "/readyz": _Server.readyz, "/metrics": _Server.metrics}

@@ -17,13 +17,22 @@ holds a copy.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Iterable, Protocol
 
 from sidecar.store.base import ObjectInfo
 
 if TYPE_CHECKING:
     from sidecar.localfs import LocalStat
-    from sidecar.restorer import Listing
+
+
+class Listing(Protocol):
+    """What :meth:`StoreState.from_listing` reads of a listing (:class:`sidecar.listing.Listing`,
+    which sits above this module and is not imported here)."""
+
+    objects: dict[str, ObjectInfo]
+    bundles: set[str]
+    stale: dict[str, ObjectInfo]
+
 
 #: What a skipped file looked like when it was skipped: (size, mtime_ns, ctime_ns).
 Signature = tuple[int, int, int]

@@ -44,7 +44,8 @@ import anyio
 from anyio.abc import TaskGroup
 
 from sidecar import log
-from sidecar.errors import EXIT_CONFIG, EXIT_FAIL, EXIT_OK, EXIT_PENDING, StoreConfigError, fail
+from sidecar.errors import EXIT_CONFIG, EXIT_FAIL, EXIT_OK, EXIT_PENDING, fail
+from sidecar.storeclient import open_store
 
 if TYPE_CHECKING:
     from sidecar.config import Settings
@@ -98,29 +99,12 @@ async def handle_signals(shutdown: Shutdown, forward: Callable[[int], None] | No
                 shutdown.trigger(signal.Signals(sig).name)
 
 
-def open_store(settings: Settings, read_only: bool = False, roots: list[Root] | None = None) -> Store:
-    """The store client for ``settings``; raises :class:`~sidecar.errors.StoreConfigError` when
-    its URL or credentials cannot be used, or when on a container platform it is a directory that
-    does not exist (:func:`~sidecar.config.check_store_volume`: checked before anything can make it;
-    one on the filesystem of ``roots`` is a warning). Nothing is sent to the store yet."""
-    from sidecar.config import check_store_volume
-    from sidecar.store import make_store
-
-    try:
-        same_disk = check_store_volume(settings, roots or [])
-        store = make_store(settings.store, settings.namespace.path, read_only=read_only)
-    except ValueError as e:
-        raise StoreConfigError(str(e)) from None
-    if same_disk:
-        log.warning("store_on_root_filesystem", None, **same_disk)
-    return store
-
-
 async def prepare(daemon: Daemon, settings: Settings) -> int | None:
     """Restore by the rule (:meth:`~sidecar.daemon.Daemon.prepare`, which only reads the store).
     Returns an exit code, its error line written, when the command must stop; None to go on,
     which includes an unreachable store with ``SIDECAR_RESTORE_OPTIONAL``."""
     from sidecar.fence import IdentityConflict
+    from sidecar.health import RestorePhase
     from sidecar.restorer import RestoreError
     from sidecar.store.base import StoreError
 
@@ -132,6 +116,7 @@ async def prepare(daemon: Daemon, settings: Settings) -> int | None:
         return fail(f"restore failed: {e}")
     except StoreError as e:
         if settings.restore_optional:
+            daemon.health.restore_phase(RestorePhase.UNREACHABLE)
             log.error("store_unreachable_starting_anyway", error=str(e))
             return None
         return fail(f"cannot reach the store: {e} (refusing to start without the saved state; "
@@ -214,7 +199,7 @@ class Lifecycle:
         from sidecar.http import HttpBindError, serve
 
         try:
-            await tg.start(serve, self.settings, self.daemon)
+            await tg.start(serve, self.settings, self.daemon.health)
         except HttpBindError as e:
             return fail(str(e))
         return None

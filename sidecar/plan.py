@@ -9,6 +9,24 @@ from sidecar.localfs import Gaps, LocalStat
 from sidecar.store.base import ObjectInfo
 
 
+@dataclass(frozen=True)
+class Protected:
+    """What a reconcile never deletes from the store, because the disk does not say the host
+    deleted it: every stored key of ``roots`` (a root with no files that the restore did not fill,
+    a root a restore was cut short in, a disk this namespace is not known to hold), the ``keys``
+    refused or quarantined at restore (never placed on disk), and what ``gaps`` covers (what the
+    scan could not see: an unreadable directory)."""
+
+    roots: frozenset[str] = frozenset()
+    keys: frozenset[str] = frozenset()
+    gaps: Gaps | None = None
+
+    def covers(self, key: str) -> bool:
+        """Whether the stored ``key`` must be kept whatever the disk shows."""
+        return (key.split("/", 1)[0] in self.roots or key in self.keys
+                or (self.gaps is not None and self.gaps.covers(key)))
+
+
 @dataclass
 class ReconcilePlan:
     upload: list[str] = field(default_factory=list)  # local files the store lacks or holds stale
@@ -19,16 +37,11 @@ class ReconcilePlan:
 def plan_reconcile(
     local: dict[str, LocalStat],
     remote: dict[str, ObjectInfo],
-    protected_roots: set[str] = frozenset(),  # type: ignore[assignment]
-    keep: set[str] = frozenset(),  # type: ignore[assignment]
-    gaps: Gaps | None = None,
+    protected: Protected = Protected(),
 ) -> ReconcilePlan:
     """Make the store match the disk. A file counts as in sync when the store recorded the same
     size and mtime (the content hash is checked when the file is read for upload, so a touched but
-    unchanged file costs a read, not a write). Never deleted, since the disk does not say the host
-    deleted them: keys under a root in ``protected_roots`` (a root with no files that restore did
-    not fill must not empty the store), keys in ``keep`` (refused or quarantined at restore: never
-    placed on disk), and keys the scan could not see (``gaps``: an unreadable directory)."""
+    unchanged file costs a read, not a write). What ``protected`` covers is never deleted."""
     plan = ReconcilePlan()
     for key in sorted(local):
         st = local[key]
@@ -38,8 +51,7 @@ def plan_reconcile(
         else:
             plan.in_sync += 1
     for key in sorted(remote):
-        if (key not in local and key.split("/", 1)[0] not in protected_roots and key not in keep
-                and not (gaps is not None and gaps.covers(key))):
+        if key not in local and not protected.covers(key):
             plan.delete.append(key)
     return plan
 
@@ -51,9 +63,7 @@ def plan_reconcile_queue(
     known_before: set[str] | None,
     busy: set[str],
     still_skipped: Callable[[str, LocalStat], bool] = lambda key, st: False,
-    protected_roots: set[str] = frozenset(),  # type: ignore[assignment]
-    keep: set[str] = frozenset(),  # type: ignore[assignment]
-    gaps: Gaps | None = None,
+    protected: Protected = Protected(),
 ) -> ReconcilePlan:
     """What a reconcile queues: :func:`plan_reconcile` of the scan ``local`` against ``known`` (what
     the store is known to hold of the scanned roots), less what a race with live writes would make
@@ -65,13 +75,47 @@ def plan_reconcile_queue(
     * Only keys in ``known_before``, what the store was known to hold before the scan began, are
       deleted: a key stored while the scan ran may be missing from it (its directory was passed
       already). None when ``known`` itself predates the scan (a full listing, made before it).
-    * Never deleted: ``protected_roots``, ``keep`` and ``gaps`` (see :func:`plan_reconcile`)."""
-    plan = plan_reconcile(local, known, protected_roots, keep, gaps)
+    * Never deleted: what ``protected`` covers."""
+    plan = plan_reconcile(local, known, protected)
     return ReconcilePlan(
         upload=[k for k in plan.upload if k not in busy and not still_skipped(k, local[k])],
         delete=[k for k in plan.delete if k not in busy and (known_before is None or k in known_before)],
         in_sync=plan.in_sync,
     )
+
+
+@dataclass(frozen=True)
+class RootKeep:
+    """What one reconcile learns of a root for :class:`Protected` and the lineage record:
+    ``empty`` True when its stored files are kept because it is empty and was not restored (False:
+    it has files, so no longer; None: unchanged), ``unproven`` when they are kept because the disk
+    is not known to be this namespace's, ``incomplete`` when they are kept because a restore into
+    it was cut short, and ``due`` when its lineage must be recorded before its first upload."""
+
+    empty: bool | None = None
+    unproven: bool = False
+    incomplete: bool = False
+    due: bool = False
+
+
+def plan_root_keep(*, initial: bool, has_files: bool, restored: bool, due: bool, unproven: bool,
+                   ours: bool, recorded: bool, cut_short: bool) -> RootKeep:
+    """The rule for one scanned root. ``initial``: the first reconcile of this start, which alone
+    classifies a root (later ones only see files appear); ``restored``: this start's restore filled
+    it; ``due`` / ``unproven``: what earlier reconciles said; ``ours``: its lineage record names this
+    store and namespace; ``recorded``: it carries a record at all; ``cut_short``: its restore marker
+    is there.
+
+    * A root with no files that the restore did not fill keeps its stored files (``empty``) until
+      it has files again: an empty disk never empties the store.
+    * At the first reconcile, a root neither due nor carrying this namespace's record is
+      ``unproven``: the disk is not the truth. Otherwise a root that is not unproven and carries
+      no record (the host removed the root, and the record with it) is ``due`` again.
+    * At the first reconcile, a root whose restore was cut short is ``incomplete``."""
+    empty = False if has_files else (True if initial and not restored else None)
+    if initial and not due and not ours:
+        return RootKeep(empty, unproven=True, incomplete=cut_short)
+    return RootKeep(empty, due=not unproven and not recorded, incomplete=initial and cut_short)
 
 
 @dataclass
@@ -144,7 +188,7 @@ class Status:
 
 
 def plan_status(local: dict[str, LocalStat], remote: dict[str, ObjectInfo], gaps: Gaps | None = None) -> Status:
-    plan = plan_reconcile(local, remote, gaps=gaps)
+    plan = plan_reconcile(local, remote, Protected(gaps=gaps))
     s = Status(pending_upload=plan.upload, missing_locally=plan.delete,
                unreadable=sorted(gaps.unreadable) if gaps else [], unstorable=sorted(gaps.unstorable) if gaps else [])
     pending = set(plan.upload)

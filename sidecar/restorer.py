@@ -11,7 +11,8 @@ later ``sync`` would take for the truth. A root gets a restore marker before its
 loses it after the flush, so a restore cut short is known as such. Which roots are restored
 follows :func:`sidecar.plan.decide_restore`; a root that is this namespace's disk once the restore
 ends gets its lineage record (:func:`record_lineage`), after its files are flushed and before its
-marker goes.
+marker goes. Every such decision is made by :mod:`sidecar.restoreplan` (pure); this module does
+the I/O it says.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import anyio.to_thread
 
 from sidecar import log, metrics
 from sidecar.errors import leaves
-from sidecar.fence import counted_version
+from sidecar.listing import Listing
 from sidecar.localfs import (
     STREAM_MIN,
     ByteBudget,
@@ -48,14 +49,25 @@ from sidecar.localfs import (
     remove_stale_restore_temps,
     restore_cut_short,
     syncfs,
-    unmirrorable_reason,
     write_lineage,
     write_restored,
 )
 from sidecar.paths import IgnoreRules, Root, UnsafeKey, split_key
-from sidecar.plan import RootDecision, ShapeConflicts, decide_restore
+from sidecar.plan import RootDecision, ShapeConflicts
+from sidecar.restoreplan import (
+    Disk,
+    FileAction,
+    Finish,
+    commits_begun_meanwhile,
+    decide_roots,
+    file_action,
+    names_generated,
+    plan_candidates,
+    plan_finish,
+    stored_counts,
+)
 from sidecar.retry import retry_transient
-from sidecar.snapshot import BUNDLE_DIR, BundleError, Change, close_stream, open_bundle
+from sidecar.snapshot import BundleError, Change, close_stream, open_bundle
 from sidecar.store.base import NotFound, ObjectInfo, Store, StoreError
 
 GENERATED_NAME = re.compile(rb"WorkflowBuilder-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
@@ -104,57 +116,6 @@ async def _flush_as_it_fills(progress: "_Progress", started: dict[str, Root]) ->
                 await anyio.to_thread.run_sync(syncfs, root.path)
         else:
             await anyio.sleep(0.02)
-
-
-@dataclass
-class Listing:
-    """The store's content for the configured roots, with hostile names set aside."""
-
-    objects: dict[str, ObjectInfo] = field(default_factory=dict)
-    unsafe: list[tuple[str, str]] = field(default_factory=list)  # (key, why)
-    bundles: set[str] = field(default_factory=set)  # roots with a snapshot bundle in the store
-    #: the highest version of any object listed, whatever it is (a fence claim goes above it)
-    max_version: int = 0
-    #: stored, but replaced by a newer object of the other shape (file ``a`` vs ``a/...``): never
-    #: restored; with ``shapes`` (the restore's rule) only
-    stale: dict[str, ObjectInfo] = field(default_factory=dict)
-    shapes: ShapeConflicts | None = None
-
-    def add(self, info: ObjectInfo, by_name: dict[str, Root]) -> str | None:
-        """File one listed object. The name of its root when it is a file of a configured root;
-        None for a bundle, another root's data, or a hostile name (set aside in ``unsafe``)."""
-        self.max_version = max(self.max_version, counted_version(info.version))
-        if info.key.startswith(BUNDLE_DIR + "/"):
-            self.bundles.add(info.key[len(BUNDLE_DIR) + 1 :])
-            return None
-        first = info.key.split("/", 1)[0]
-        if first and first not in by_name and first not in ("..", "."):
-            return None  # another root's data, or not ours at all
-        try:
-            split_key(info.key, by_name)
-        except UnsafeKey as e:
-            self.unsafe.append((info.key, str(e)))
-            return None
-        if not info.key.isascii() and (why := unmirrorable_reason(info.key)):
-            # a name no sync would store today (a directory store written by an older version)
-            self.unsafe.append((printable(info.key), why))
-            return None
-        self.objects[info.key] = info
-        for key in self.shapes.add(info) if self.shapes is not None else ():
-            self.stale[key] = self.objects.pop(key)
-        return first
-
-    def settled(self, end: bool = False) -> list[ObjectInfo]:
-        """With ``shapes``: the objects that may be restored, as :meth:`ShapeConflicts.settled`."""
-        return self.shapes.settled(end) if self.shapes is not None else []
-
-
-async def list_store(store: Store, roots: list[Root]) -> Listing:
-    by_name = {r.name: r for r in roots}
-    out = Listing()
-    async for info in store.list():
-        out.add(info, by_name)
-    return out
 
 
 @dataclass
@@ -229,6 +190,8 @@ class _Progress:
 
 #: A queued file: its root, and what the listing says of it.
 _Item = tuple[Root, ObjectInfo]
+#: A key's path below its root, one name a part.
+_Parts = list[str]
 
 
 class _Restore:
@@ -237,7 +200,7 @@ class _Restore:
     the listing is still being fetched and parsed."""
 
     def __init__(self, store: Store, roots: list[Root], candidates: dict[str, Root], result: RestoreResult,
-                 on_corrupt: str = "fail", max_file_size: int = 2**63, merging: set[str] = frozenset()) -> None:  # type: ignore[assignment]
+                 on_corrupt: str = "fail", max_file_size: int = 2**63, merging: frozenset[str] = frozenset()) -> None:
         self.store = store
         self.merging = merging  # candidates merged: a local file with the stored bytes is left in place
         self.max_file_size = max_file_size  # larger objects are refused (kept in the store)
@@ -437,41 +400,62 @@ class _Restore:
         return True
 
     async def _place(self, root: Root, info: ObjectInfo) -> None:
+        """Restore one listed file as :func:`~sidecar.restoreplan.file_action` says."""
         _, parts = split_key(info.key, self.by_name)  # checked when queued
-        if info.size > self.max_file_size:
+        action = file_action(info.size, self.max_file_size)
+        if action is FileAction.WRITE and root.name in self.merging:  # only a file that may be written is compared
+            same = await anyio.to_thread.run_sync(local_matches, root, parts, info.size, info.sha256)
+            action = file_action(info.size, self.max_file_size, same)
+        if action is FileAction.REFUSE_TOO_LARGE:
             log.error("restore_refused_too_large", path=info.key, size=info.size, limit=self.max_file_size,
                       detail="larger than SIDECAR_MAX_FILE_SIZE: not restored, kept in the store")
             self.result.refused.append(info.key)
             self.progress.forget(info.size)
             return
-        replacing = False
-        if root.name in self.merging:
-            same = await anyio.to_thread.run_sync(local_matches, root, parts, info.size, info.sha256)
-            if same:
-                self.result.in_place += 1
-                self.progress.forget(info.size)
-                return
-            replacing = same is False
-        streamed = info.size > STREAM_MIN
+        if action is FileAction.IN_PLACE:
+            self.result.in_place += 1
+            self.progress.forget(info.size)
+            return
+        streamed = info.size > STREAM_MIN  # too large to hold: written as it arrives, a chunk at a time
+        placed = await self._fetch(root, info, parts, streamed)
+        if placed is None:
+            return
+        size, data = placed
+        if names_generated(info.key, streamed):
+            name = generated_name(data)
+            if name:
+                self.result.generated_names.add(name)
+        if action is FileAction.REPLACE:
+            self.result.replaced.append(info.key)
+            log.warning("restore_replaced_local", path=info.key,
+                        detail="this disk's file differed from its stored version and the disk holds no record that "
+                               "this namespace filled it: replaced by the stored version (its bytes were not uploaded)")
+        self.progress.add(size)
+        metrics.restored(size)
+
+    async def _fetch(self, root: Root, info: ObjectInfo, parts: _Parts, streamed: bool) -> tuple[int, bytes] | None:
+        """Download, verify and place one file (a second try when its bytes do not match): the
+        size placed and its bytes (b"" when ``streamed``). None when it is not placed: superseded
+        by its root's bundle, vanished, refused, or quarantined."""
         data = b""
         for attempt in (1, 2):
             if self._superseded(root, info):  # the bundle is known already: no download
-                return
+                return None
             try:
-                if streamed:  # too large to hold: written as it arrives, a chunk at a time
+                if streamed:
                     got, chunks = await self.store.get_stream(info.key)
                 else:
                     data, got = await self.store.get(info.key)
             except NotFound:
                 log.warning("restore_vanished", path=info.key)
-                return
+                return None
             # Downloads do not wait for the root's bundle to be read (a round trip, usually
             # a "not found"); writes do.
             await self.overlay_known[root.name].wait()
             if self._superseded(root, info):
                 if streamed:
                     await chunks.aclose()  # type: ignore[attr-defined]
-                return
+                return None
             expected = got.sha256 or info.sha256
             if expected is None and attempt == 1:
                 self.result.unverified += 1
@@ -495,7 +479,7 @@ class _Restore:
             except UnsafeTarget as e:
                 log.error("restore_refused_target", path=info.key, reason=str(e))
                 self.result.refused.append(info.key)
-                return
+                return None
             except OSError as e:
                 if e.errno == errno.ENOSPC:
                     raise RestoreError(f"no space left on device while restoring into {root.path} ({self.progress.files} "
@@ -511,35 +495,15 @@ class _Restore:
             self.result.quarantined.append(info.key)
             self.progress.forget(info.size)
             metrics.quarantined()
-            return
-        if not streamed and (info.key.startswith(".checkpoints/") or info.key.endswith(".json")):
-            name = generated_name(data)
-            if name:
-                self.result.generated_names.add(name)
-        if replacing:
-            self.result.replaced.append(info.key)
-            log.warning("restore_replaced_local", path=info.key,
-                        detail="this disk's file differed from its stored version and the disk holds no record that "
-                               "this namespace filled it: replaced by the stored version (its bytes were not uploaded)")
-        size = got.size if streamed else len(data)
-        self.progress.add(size)
-        metrics.restored(size)
+            return None
+        return (got.size, b"") if streamed else (len(data), data)
 
     def stored(self) -> dict[str, int]:
         """Files stored per root, with the bundles' changes applied."""
-        count = {name: 0 for name in self.by_name}
-        for key in self.listing.objects:
-            count[key.split("/", 1)[0]] += 1
-        for name, overlay in self.overlays.items():
-            for key, c in overlay.items():
-                if not self._bundle_wins(name, key, self.listing.objects.get(key)):
-                    continue
-                listed = key in self.listing.objects
-                if c.deleted and listed:
-                    count[name] -= 1
-                elif not c.deleted and not listed:
-                    count[name] += 1
-        return count
+        objects = self.listing.objects
+        bundled = {name: {key: c.deleted for key, c in overlay.items() if self._bundle_wins(name, key, objects.get(key))}
+                   for name, overlay in self.overlays.items()}
+        return stored_counts(self.by_name, objects, bundled)
 
 
 async def restore(
@@ -567,22 +531,13 @@ async def restore(
     lineage = lineage_of(store, namespace)
     # Which roots may be filled depends on the disk alone; whether anything is stored for them
     # is known when the listing ends, and a root gets its restore marker with its first file.
-    disk: dict[str, tuple[bool, bool, bool]] = {}
-    candidates: dict[str, Root] = {}
-    merging: set[str] = set()
-    for root in roots:
-        local = await anyio.to_thread.run_sync(has_regular_files, root.path, ignore)
-        cut_short = restore_cut_short(root)
-        held = await anyio.to_thread.run_sync(read_lineage, root) == lineage
-        disk[root.name] = (local, cut_short, held)
-        first = decide_restore(root.name, local, 1, mode, cut_short, held)  # if anything is stored
-        if first.restore:
-            candidates[root.name] = root
-            if first.merge:
-                merging.add(root.name)
-            await anyio.to_thread.run_sync(remove_stale_restore_temps, root)
+    disk = {root.name: await _read_disk(root, lineage, ignore) for root in roots}
+    plan = plan_candidates(disk, mode)
+    candidates = {r.name: r for r in roots if r.name in plan.roots}
+    for root in candidates.values():
+        await anyio.to_thread.run_sync(remove_stale_restore_temps, root)
 
-    run = _Restore(store, roots, candidates, result, on_corrupt, max_file_size, merging)
+    run = _Restore(store, roots, candidates, result, on_corrupt, max_file_size, plan.merging)
     try:
         async with anyio.create_task_group() as flushing:
             flushing.start_soon(_flush_as_it_fills, run.progress, run.started)
@@ -595,18 +550,13 @@ async def restore(
                         for root in candidates.values():  # first: their requests go out before the listing's next page
                             feeders.start_soon(run.overlay, root, deadline)
                         feeders.start_soon(run.list, deadline)
-                    for name in candidates:
-                        if name in run.listing.bundles and name not in run.bundles_read:
-                            # read as absent, listed since: another sidecar (still draining, see
-                            # fence.py) began a snapshot commit while we were restoring the root
-                            raise RestoreError(
-                                f"a snapshot commit of {candidates[name].path} began in {store.description} while "
-                                "it was being restored (an older sidecar is still writing); restore again")
+                    for name in commits_begun_meanwhile(candidates, run.listing.bundles, run.bundles_read):
+                        raise RestoreError(
+                            f"a snapshot commit of {candidates[name].path} began in {store.description} while "
+                            "it was being restored (an older sidecar is still writing); restore again")
                     stored = run.stored()
-                    for root in roots:
-                        local, cut_short, held = disk[root.name]
-                        d = decide_restore(root.name, local, stored[root.name], mode, cut_short, held)
-                        result.decisions.append(d)
+                    result.decisions = decide_roots(disk, stored, mode)
+                    for root, d in zip(roots, result.decisions):
                         log.info("restore_decision", root=root.path, restore=d.restore, reason=d.reason,
                                  stored=stored[root.name])
             flushing.cancel_scope.cancel()  # every download ended (a flush under way completes)
@@ -623,22 +573,37 @@ async def restore(
     finally:
         run.dirs.close()
     run.progress.finish()
-    owned = {d.name for d in result.decisions if d.owned and not disk[d.name][2]}
-    for root in candidates.values():
-        if root.name in run.started:
-            await anyio.to_thread.run_sync(syncfs, root.path)
-            # every file is in place and flushed: recorded as this namespace's, then the marker goes
-            await record_lineage(root, lineage, result)
-            owned.discard(root.name)
-            clear_restoring(root)
-        elif disk[root.name][1]:
-            clear_restoring(root)  # a cut-short restore, and nothing is stored any more: the disk is all there is
-    for root in roots:
-        if root.name in owned:  # nothing stored for it: the disk is all there is
-            await record_lineage(root, lineage, result)
-
+    await _finish(plan_finish(result.decisions, disk, candidates, set(run.started)),
+                  {r.name: r for r in roots}, lineage, result)
     result.files, result.bytes = run.progress.files, run.progress.bytes
     result.seconds = time.monotonic() - t0
+    _report(result, merged=bool(plan.merging))
+    return run.listing, result
+
+
+async def _read_disk(root: Root, lineage: Lineage, ignore: IgnoreRules | None) -> Disk:
+    """What the disk says of ``root`` before the restore (see :class:`~sidecar.restoreplan.Disk`)."""
+    return Disk(has_files=await anyio.to_thread.run_sync(has_regular_files, root.path, ignore),
+                cut_short=restore_cut_short(root),
+                held=await anyio.to_thread.run_sync(read_lineage, root) == lineage)
+
+
+async def _finish(finish: Finish, by_name: dict[str, Root], lineage: Lineage, result: RestoreResult) -> None:
+    """Apply :class:`~sidecar.restoreplan.Finish`: flush the filled roots, then record them, then
+    remove their markers; remove the markers of cut-short roots left empty; record the rest."""
+    for name in finish.filled:
+        root = by_name[name]
+        await anyio.to_thread.run_sync(syncfs, root.path)
+        # every file is in place and flushed: recorded as this namespace's, then the marker goes
+        await record_lineage(root, lineage, result)
+        clear_restoring(root)
+    for name in finish.cleared:
+        clear_restoring(by_name[name])  # a cut-short restore, and nothing is stored any more: the disk is all there is
+    for name in finish.recorded:
+        await record_lineage(by_name[name], lineage, result)
+
+
+def _report(result: RestoreResult, merged: bool) -> None:
     metrics.restore_finished(result.seconds)
     if result.generated_names:
         log.warning(
@@ -651,8 +616,7 @@ async def restore(
         )
     log.info("restore_done", files=result.files, bytes=result.bytes, seconds=round(result.seconds, 3),
              refused=len(result.refused), quarantined=len(result.quarantined), unverified=result.unverified,
-             **({"replaced": len(result.replaced), "in_place": result.in_place} if merging else {}))
-    return run.listing, result
+             **({"replaced": len(result.replaced), "in_place": result.in_place} if merged else {}))
 
 
 def lineage_of(store: Store, namespace: str) -> Lineage:

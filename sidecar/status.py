@@ -15,12 +15,12 @@ import anyio.to_thread
 
 from sidecar.config import Settings
 from sidecar.errors import EXIT_FAIL, EXIT_OK, fail
-from sidecar.lifecycle import open_store
+from sidecar.listing import list_store
 from sidecar.localfs import Gaps, scan_root
 from sidecar.paths import IgnoreRules, Root
 from sidecar.plan import plan_status
-from sidecar.restorer import list_store
 from sidecar.store.base import Store, StoreError
+from sidecar.storeclient import open_store
 
 SHOWN = 10  # names listed per kind in the text report
 

@@ -43,7 +43,7 @@ only with ``ignore_permission_denied`` off: with it on, every failed watch is sk
 So watches are made with it off, and the walk leaves out what could not be watched anyway
 (directories this process cannot read). When a limit is used up the watcher degrades instead of
 failing: it rescans every root each :data:`POLL_SECONDS` (through ``on_roots_changed``), says so
-once (``watch_polling``), in ``/readyz`` (:data:`DEGRADED`) and in
+once (``watch_polling``), to ``on_polling`` (the daemon's Health: ``/readyz``) and in
 ``checkpoint_sidecar_watch_polling``, and tries inotify again every :data:`POLL_RETRY_SECONDS`.
 """
 
@@ -79,18 +79,6 @@ LIMIT_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOSPC, errno.ENOMEM
 _OS_ERROR = re.compile(r"\(os error (\d+)\)")
 
 
-class Degraded:
-    """Why the watcher polls instead of watching: ``reason`` (None while inotify works) and
-    ``since`` (``time.monotonic()`` when polling began). Read by ``/readyz``."""
-
-    def __init__(self) -> None:
-        self.reason: str | None = None
-        self.since = 0.0
-
-
-DEGRADED = Degraded()
-
-
 class WatchLimit(Exception):
     """An inotify limit (instances or watches, per user and node-wide) is used up."""
 
@@ -109,19 +97,31 @@ def _as_limit(e: BaseException) -> WatchLimit | None:
     return None
 
 
-def _set_polling(reason: str | None) -> None:
-    """Enter (``reason``) or leave (None) the polling state: :data:`DEGRADED`, the gauge, one log line."""
-    if reason is not None and DEGRADED.reason is None:
-        DEGRADED.reason, DEGRADED.since = reason, time.monotonic()
-        advice = ("; inotify limits are per user and node-wide: raise fs.inotify.max_user_instances / "
-                  "max_user_watches" if "fs.inotify" in reason else "")
-        log.warning("watch_polling", reason=reason,
-                    detail=f"every root is rescanned each {POLL_SECONDS:g}s instead, and inotify tried again "
-                           f"each {POLL_RETRY_SECONDS:g}s{advice}")
-    elif reason is None and DEGRADED.reason is not None:
-        DEGRADED.reason = None
-        log.info("watch_inotify_restored", detail="inotify watches again; the roots are rescanned once")
-    metrics.WATCH_POLLING.set(0 if DEGRADED.reason is None else 1)
+class _Polling:
+    """Whether this watch polls instead of watching (``reason``, None while inotify works): each
+    change said once in the log and the gauge, and told to ``on_polling`` (the daemon's Health)."""
+
+    def __init__(self, on_polling: Callable[[str | None, float], None] | None) -> None:
+        self.reason: str | None = None
+        self.on_polling = on_polling
+
+    def set(self, reason: str | None) -> None:
+        """Enter (``reason``) or leave (None) the polling state."""
+        if reason is not None and self.reason is None:
+            self.reason = reason
+            advice = ("; inotify limits are per user and node-wide: raise fs.inotify.max_user_instances / "
+                      "max_user_watches" if "fs.inotify" in reason else "")
+            log.warning("watch_polling", reason=reason,
+                        detail=f"every root is rescanned each {POLL_SECONDS:g}s instead, and inotify tried again "
+                               f"each {POLL_RETRY_SECONDS:g}s{advice}")
+            if self.on_polling is not None:
+                self.on_polling(reason, POLL_SECONDS)
+        elif reason is None and self.reason is not None:
+            self.reason = None
+            log.info("watch_inotify_restored", detail="inotify watches again; the roots are rescanned once")
+            if self.on_polling is not None:
+                self.on_polling(None, POLL_SECONDS)
+        metrics.WATCH_POLLING.set(0 if self.reason is None else 1)
 
 
 def _queue_limit() -> int:
@@ -317,10 +317,13 @@ async def watch(
     on_roots_changed: Callable[[list[Root]], Awaitable[None]],
     *,
     debounce_ms: int = 25,
+    on_polling: Callable[[str | None, float], None] | None = None,
     task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run until cancelled. Signals ``task_status.started()`` once the first watch is in place,
-    or polling has begun (an inotify limit used up). Never ends on a used-up limit."""
+    or polling has begun (an inotify limit used up). Never ends on a used-up limit.
+    ``on_polling`` is told when polling begins (why, and its step in seconds) and ends (None)."""
+    polling = _Polling(on_polling)
     started = False
     rescan: list[Root] = []
     overflow = _Overflow()
@@ -339,7 +342,7 @@ async def watch(
             except Exception as e:  # anything else the engine refuses: polled too, never fatal
                 log.warning("watch_setup_failed", exc=e)
                 limit = f"the watch could not be set up: {e}"
-        _set_polling(limit)
+        polling.set(limit)
         log.debug("watching", roots=",".join(present) or "-", watches=len(w.dirs))
         if not started:
             task_status.started()

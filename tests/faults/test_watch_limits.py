@@ -152,11 +152,14 @@ def test_how_the_engine_reports_used_up_limits(tmp_path):
 def test_polling_gives_way_to_inotify_when_it_is_back(tmp_path, monkeypatch):
     """Polling retries inotify: once an instance can be made again, the watcher leaves the
     degraded state (readiness note, gauge), rescans once and reports writes as events again."""
+    from functools import partial
+
     import anyio
     from watchfiles._rust_notify import WatchfilesRustInternalError
 
     import sidecar.watcher as watcher_mod
     from sidecar import metrics as metrics_mod
+    from sidecar.health import Health
     from sidecar.paths import make_roots
 
     cps = tmp_path / ".checkpoints"
@@ -175,30 +178,28 @@ def test_polling_gives_way_to_inotify_when_it_is_back(tmp_path, monkeypatch):
     monkeypatch.setattr(watcher_mod, "POLL_SECONDS", 0.05)
     monkeypatch.setattr(watcher_mod, "POLL_RETRY_SECONDS", 0.3)
     reported, rescans, states = [], [], []
+    health = Health()
 
     async def on_paths(paths):
         reported.extend(os.path.basename(p) for p in paths)
 
     async def on_roots_changed(changed):
-        rescans.append((watcher_mod.DEGRADED.reason, [r.name for r in changed]))
+        rescans.append((health.polling and health.polling.reason, [r.name for r in changed]))
 
     async def main():
         async with anyio.create_task_group() as tg:
-            await tg.start(watcher_mod.watch, roots, on_paths, on_roots_changed)
-            states.append((watcher_mod.DEGRADED.reason, metrics_mod.WATCH_POLLING._value.get()))
+            await tg.start(partial(watcher_mod.watch, on_polling=health.watch_polling), roots, on_paths, on_roots_changed)
+            states.append((health.polling and health.polling.reason, metrics_mod.WATCH_POLLING._value.get()))
             with anyio.fail_after(10):
-                while watcher_mod.DEGRADED.reason is not None or len(calls) < 2:
+                while health.polling is not None or len(calls) < 2:
                     await anyio.sleep(0.01)
-                states.append((watcher_mod.DEGRADED.reason, metrics_mod.WATCH_POLLING._value.get()))
+                states.append((health.polling, metrics_mod.WATCH_POLLING._value.get()))
                 write_atomic(cps / "a.json", b"a")
                 while "a.json" not in reported:
                     await anyio.sleep(0.01)
             tg.cancel_scope.cancel()
 
-    try:
-        anyio.run(main)
-    finally:
-        watcher_mod.DEGRADED.reason = None
+    anyio.run(main)
     (reason, gauge), (after, gauge_after) = states
     assert "max_user_instances" in reason and gauge == 1
     assert after is None and gauge_after == 0

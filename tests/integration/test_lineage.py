@@ -328,7 +328,7 @@ def test_a_root_the_restore_never_listed_keeps_its_stored_files(tmp_path):
 
     from sidecar.config import load
     from sidecar.daemon import Daemon
-    from sidecar.restorer import list_store
+    from sidecar.listing import list_store
     from sidecar.store.directory import DirectoryStore
 
     env, top = seeded(tmp_path)

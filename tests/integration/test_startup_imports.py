@@ -48,7 +48,7 @@ store = make_store(settings.store, settings.namespace.path)
 async def main():  # what sync and run do up to the restore's end, the health listener up
     daemon = Daemon(settings, roots, store)
     async with anyio.create_task_group() as tg:
-        await tg.start(serve, settings, daemon)
+        await tg.start(serve, settings, daemon.health)
         await daemon.prepare()
         tg.cancel_scope.cancel()
     await store.aclose()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from sidecar.known import StoreState
-from sidecar.restorer import Listing
+from sidecar.listing import Listing
 from sidecar.store.base import ObjectInfo
 
 

@@ -1,5 +1,5 @@
 from sidecar.localfs import LocalStat
-from sidecar.plan import decide_restore, plan_reconcile, plan_status
+from sidecar.plan import Protected, decide_restore, plan_reconcile, plan_status
 from sidecar.store.base import ObjectInfo
 
 
@@ -23,7 +23,7 @@ def test_unknown_hash_is_rewritten():
 
 def test_protected_roots_are_never_emptied():
     remote = {"r/a": info("r/a"), "s/b": info("s/b")}
-    plan = plan_reconcile({}, remote, protected_roots={"r"})
+    plan = plan_reconcile({}, remote, Protected(roots=frozenset({"r"})))
     assert plan.delete == ["s/b"]
 
 
@@ -95,7 +95,7 @@ def test_reconcile_never_deletes_what_it_could_not_see_or_place():
 
     remote = {k: info(k) for k in (".c/a.json", ".c/sub/x.json", ".c/subway.json", ".c/gone.json", ".d/y.json")}
     gaps = Gaps(unreadable={".c/sub": "Permission denied"})
-    plan = plan_reconcile({}, remote, protected_roots={".d"}, keep={".c/a.json"}, gaps=gaps)
+    plan = plan_reconcile({}, remote, Protected(frozenset({".d"}), frozenset({".c/a.json"}), gaps))
     # refused at restore (keep), below an unreadable directory (gaps), a protected root: kept
     assert plan.delete == [".c/gone.json", ".c/subway.json"]
     assert Gaps(unreadable={".c": "EIO"}).covers(".c/anything") and not gaps.covers(".c/subway.json")
@@ -163,8 +163,8 @@ def test_kept_roots_and_keys_and_gaps_are_never_deleted():
 
     known = {k: info(k) for k in ("r/kept", "r/sub/x", "r/gone", "p/y")}
     for known_before in (set(known), None):
-        plan = queue({}, known, known_before=known_before, protected_roots={"p"}, keep={"r/kept"},
-                     gaps=Gaps(unreadable={"r/sub": "Permission denied"}))
+        protected = Protected(frozenset({"p"}), frozenset({"r/kept"}), Gaps(unreadable={"r/sub": "Permission denied"}))
+        plan = queue({}, known, known_before=known_before, protected=protected)
         assert plan.delete == ["r/gone"]
 
 
@@ -249,3 +249,40 @@ def test_shape_conflicts_pass_an_unsorted_listing_through():
     assert [i.key for i in shapes.settled()] == ["r/z", "r/c"]  # nothing held any more
     passing = ShapeConflicts(in_order=False)  # a store that cannot hold both shapes
     assert passing.add(_v("r/a", 1)) == [] and [i.key for i in passing.settled()] == ["r/a"]
+
+
+def test_protected_is_one_value_for_what_is_never_deleted():
+    from sidecar.localfs import Gaps
+
+    p = Protected(roots=frozenset({"p"}), keys=frozenset({"r/kept"}), gaps=Gaps(unreadable={"r/sub": "EIO"}))
+    assert p.covers("p/anything") and p.covers("r/kept") and p.covers("r/sub/x")
+    assert not p.covers("r/gone") and not p.covers("r/subway") and not p.covers("pp/x")
+    assert not Protected().covers("r/a")
+    # status reports what is missing locally: nothing protected but what its scan could not see
+    assert plan_status({}, {"r/sub/x": info("r/sub/x"), "r/a": info("r/a")},
+                       Gaps(unreadable={"r/sub": "EIO"})).missing_locally == ["r/a"]
+
+
+def test_which_roots_a_reconcile_keeps_and_which_lineage_is_due():
+    from sidecar.plan import RootKeep, plan_root_keep
+
+    def keep(**kw):
+        facts = dict(initial=True, has_files=True, restored=False, due=False, unproven=False, ours=True,
+                     recorded=True, cut_short=False)
+        return plan_root_keep(**{**facts, **kw})
+
+    assert keep() == RootKeep(empty=False)  # this namespace's disk, with files: the truth
+    # an empty root the restore did not fill keeps its stored files until it has files again
+    assert keep(has_files=False) == RootKeep(empty=True)
+    assert keep(has_files=False, restored=True) == RootKeep(empty=None)
+    assert keep(initial=False, has_files=False) == RootKeep(empty=None)
+    # a disk without this namespace's record, at the first reconcile: not the truth
+    assert keep(ours=False) == RootKeep(empty=False, unproven=True)
+    assert keep(ours=False, due=True) == RootKeep(empty=False)  # to be recorded: this namespace's
+    assert keep(initial=False, ours=False) == RootKeep(empty=False)  # classified once, at the start
+    # a root whose record went with it (the host removed it) is due again, unless unproven
+    assert keep(initial=False, recorded=False) == RootKeep(empty=False, due=True)
+    assert keep(initial=False, recorded=False, unproven=True) == RootKeep(empty=False)
+    # a cut-short restore not redone keeps the root's stored files
+    assert keep(cut_short=True) == RootKeep(empty=False, incomplete=True)
+    assert keep(cut_short=True, ours=False) == RootKeep(empty=False, unproven=True, incomplete=True)

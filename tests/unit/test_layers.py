@@ -1,0 +1,114 @@
+"""The import graph of ``sidecar/``: no circle, and no import from a lower layer to a higher one.
+
+Every ``import`` and ``from ... import`` of a ``sidecar`` module counts wherever it is: at module
+level, inside a function (imported late to keep ``run``'s start light, but a dependency all the
+same) and under ``TYPE_CHECKING`` (a type named is a module known). The layers, top first, are those
+of docs/ARCHITECTURE.md; a module may import its own layer and those below it.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SIDECAR = Path(__file__).resolve().parents[2] / "sidecar"
+
+#: Top first. A new module gets a line here (the test says so); ``store.*`` backends are the store's.
+LAYERS: list[tuple[str, set[str]]] = [
+    ("entry", {"__main__", "cli"}),
+    ("commands", {"lifecycle", "status"}),
+    ("daemon", {"daemon"}),
+    ("workers", {"http", "runner", "restorer", "uploader"}),
+    ("mirroring", {"hints", "listing", "snapshot", "watcher", "writer"}),
+    ("store access", {"fence", "retry", "storeclient"}),
+    ("state and pure rules", {"health", "known", "plan", "queue", "restoreplan"}),
+    ("foundation", {"config", "errors", "localfs", "log", "metrics", "namespace", "paths", "store"}),
+]
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(SIDECAR).with_suffix("")
+    parts = [p for p in rel.parts if p != "__init__"]
+    return ".".join(parts)  # '' for the package itself
+
+
+def imports(path: Path, modules: set[str]) -> set[str]:
+    """The sidecar modules ``path`` imports (``from sidecar import log`` is ``log``)."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out.update(a.name.removeprefix("sidecar").lstrip(".") for a in node.names if a.name.split(".")[0] == "sidecar")
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: from the package up
+                base = package.split(".") if package else []
+                mod = ".".join(base[: len(base) - node.level + 1] + ([node.module] if node.module else []))
+            elif (node.module or "").split(".")[0] == "sidecar":
+                mod = (node.module or "").removeprefix("sidecar").lstrip(".")
+            else:
+                continue
+            for a in node.names:  # ``from sidecar.store import base`` names a module
+                sub = f"{mod}.{a.name}".lstrip(".")
+                out.add(sub if sub in modules else mod)
+    return {m for m in out if m and m != name}
+
+
+def graph() -> dict[str, set[str]]:
+    paths = {module_name(p): p for p in SIDECAR.rglob("*.py")}
+    modules = set(paths)
+    return {name: imports(p, modules) for name, p in paths.items() if name}
+
+
+def layer_of(module: str) -> int:
+    top = module.split(".")[0]  # a store backend (store.azure) is in the store's layer
+    for i, (_, names) in enumerate(LAYERS):
+        if top in names:
+            return i
+    raise AssertionError(f"sidecar.{module} has no layer: add it to LAYERS in {__file__} and to docs/ARCHITECTURE.md")
+
+
+def test_every_module_has_a_layer_and_imports_only_its_own_or_lower():
+    upward = []
+    for module, deps in sorted(graph().items()):
+        for dep in sorted(deps):
+            if layer_of(dep) < layer_of(module):
+                upward.append(f"sidecar.{module} ({LAYERS[layer_of(module)][0]}) imports sidecar.{dep} "
+                              f"({LAYERS[layer_of(dep)][0]})")
+    assert not upward, "imports from a lower layer to a higher one:\n" + "\n".join(upward)
+
+
+def test_commands_do_not_import_each_other():
+    g = graph()
+    commands = next(names for layer, names in LAYERS if layer == "commands")
+    assert {(m, d) for m in commands for d in g.get(m, ()) if d in commands} == set()
+
+
+def test_there_is_no_import_circle():
+    g = graph()
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+    path: list[str] = []
+    circles: list[str] = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        path.append(m)
+        for dep in sorted(g.get(m, ())):
+            if state.get(dep) == 1:
+                circles.append(" -> ".join(path[path.index(dep):] + [dep]))
+            elif dep not in state:
+                visit(dep)
+        path.pop()
+        state[m] = 2
+
+    for m in sorted(g):
+        if m not in state:
+            visit(m)
+    assert not circles, "import circles:\n" + "\n".join(circles)
+
+
+def test_the_graph_sees_function_level_and_type_checking_imports():
+    g = graph()
+    assert "daemon" in g["lifecycle"]  # imported inside Lifecycle.main
+    assert "localfs" in g["known"]  # under TYPE_CHECKING
+    assert {"log", "metrics"} <= g["health"]  # ``from sidecar import log, metrics``
