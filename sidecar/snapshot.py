@@ -514,7 +514,8 @@ class Committer:
                 self.totals.deleted()
             else:
                 assert c.data is not None
-                self.known.stored(c.key, await self.store.put(c.key, c.data, replace(c.meta, version=self.version())))
+                self.known.stored(c.key, await self.store.put(c.key, c.data, replace(c.meta, version=self.version()),
+                                                              expected=self.known.get(c.key)))
                 self.totals.uploaded(c.meta.size)
         if self.known.has_bundle(root.name):
             await self.guard()

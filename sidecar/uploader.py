@@ -309,7 +309,7 @@ class Uploader:
         if known is None or not known.same_as(meta):
             meta = replace(meta, version=self._version())
             try:
-                info = await self.store.put(op.key, data, meta)
+                info = await self.store.put(op.key, data, meta, expected=known)
             except (Unstable, Vanished):  # a streamed file changed while it was sent: nothing was stored
                 self.mark(op.key, UPLOAD)
                 return
