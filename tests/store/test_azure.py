@@ -159,6 +159,28 @@ async def test_credential_order(env, url_sas, source):
         await store.aclose()
 
 
+@pytest.mark.parametrize("conn", [
+    CONN,
+    "UseDevelopmentStorage=true",
+    f"DefaultEndpointsProtocol=https;AccountName=acct;AccountKey={FAKE_KEY};EndpointSuffix=core.chinacloudapi.cn",
+    f"AccountName=acct;AccountKey={FAKE_KEY}",
+    f"BlobEndpoint=https://acct.blob.core.windows.net;SharedAccessSignature={SAS}",
+])
+async def test_a_connection_string_names_the_endpoint_and_account_the_sdk_reads_from_it(conn):
+    """Ours is read by sidecar.store.azure.credentials (the SDK's parser is private; its public
+    route builds a client): both must agree on where the requests go and for which account."""
+    from azure.storage.blob.aio import BlobServiceClient
+
+    sdk = BlobServiceClient.from_connection_string(conn)
+    store = AzureBlobStore.from_url("https://acct.blob.core.windows.net/ckpt", env={"AZURE_STORAGE_CONNECTION_STRING": conn})
+    try:
+        assert store._endpoint_url.rstrip("/") == sdk.primary_endpoint.split("?")[0].rstrip("/")
+        assert store.account == sdk.account_name
+    finally:
+        await store.aclose()
+        await sdk.close()
+
+
 def test_token_credential_needs_https():
     with pytest.raises(ValueError, match="https"):
         AzureBlobStore.from_url("http://127.0.0.1:10000/devstoreaccount1/ckpt", env={})
