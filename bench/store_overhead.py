@@ -5,7 +5,7 @@
 Starts its own Azurite (tests/azurite.py), then times, interleaved in one run and alternating
 which goes first: the floor, a plain async ``BlobClient.upload_blob(data, overwrite=True)`` on a
 client made once, and ``AzureBlobStore.put`` of the same bytes in its steady state (updates of a
-known blob: one conditional PUT with Content-MD5 and metadata). Prints p50/p99 of both and the
+known blob, passed as ``expected``: one conditional PUT with Content-MD5 and metadata). Prints p50/p99 of both and the
 overhead, and writes bench/out/store_overhead.json. Timings are informational; no test asserts them.
 """
 
@@ -29,7 +29,7 @@ sys.path.insert(0, REPO)
 from azure.storage.blob.aio import BlobServiceClient  # noqa: E402
 
 from sidecar.store.azure import AzureBlobStore  # noqa: E402
-from sidecar.store.base import ObjectMeta  # noqa: E402
+from sidecar.store.base import ObjectInfo, ObjectMeta  # noqa: E402
 from tests.azurite import Azurite  # noqa: E402
 
 OUT = os.path.join(REPO, "bench", "out", "store_overhead.json")
@@ -68,11 +68,14 @@ async def run(url: str, conn: str, iterations: int, size: int, warmup: int, prof
         await raw_blob.upload_blob(data, overwrite=True)
         return time.perf_counter() - t
 
+    last: list[ObjectInfo | None] = [None]  # what the caller knows the store holds (StoreState's job)
+
     async def put_once(i: int) -> float:
         t = time.perf_counter()
-        info = await store.put(key, data, metas[i])
+        info = await store.put(key, data, metas[i], expected=last[0])
         elapsed = time.perf_counter() - t
         assert info.mtime_ns == metas[i].mtime_ns
+        last[0] = info
         return elapsed
 
     for i in range(warmup):

@@ -28,14 +28,13 @@ import re
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Mapping, get_args
-from urllib.parse import urlsplit
 
 from pydantic import BeforeValidator, Field, PrivateAttr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, SettingsConfigDict
 
 from sidecar.namespace import Namespace, NamespaceError, check_template, resolve
-from sidecar.paths import DEFAULT_IGNORE, Root, is_within, make_roots
-from sidecar.store import directory_of, store_kind
+from sidecar.paths import DEFAULT_IGNORE, Root, check_local_path, is_within, make_roots
+from sidecar.store.registry import StoreURL, parse_store
 
 DEFAULT_ROOTS = [".checkpoints", ".function_approvals"]
 LAYOUTS = ("agent-framework", "agentserver")
@@ -56,7 +55,6 @@ SERVICE_LINK = re.compile(r"[A-Z0-9_]+_SERVICE_HOST|[A-Z0-9_]+_SERVICE_PORT(?:_[
 MAX_VALUE_CHARS = 4096
 #: A duration beyond a year is a mistake (and overflows event-loop timers).
 MAX_SECONDS = 365 * 24 * 3600.0
-PATH_MAX, NAME_MAX = 4096, 255  # bytes: a whole path, one component (Linux)
 
 
 def layout_roots(layout: str, env: Mapping[str, str] | None = None) -> list[str]:
@@ -274,7 +272,7 @@ class Settings(BaseSettings):
     @field_validator("store")
     @classmethod
     def _check_store(cls, v: str) -> str:
-        return check_store(v)
+        return check_store(v, _ENVIRON.get())
 
     @field_validator("prefix")
     @classmethod
@@ -285,7 +283,7 @@ class Settings(BaseSettings):
     @classmethod
     def _check_roots(cls, v: list[str]) -> list[str]:
         for p in v:
-            _check_path(p, "a root")
+            check_local_path(p, "a root")
         return v
 
     @field_validator("http_addr")
@@ -299,6 +297,11 @@ class Settings(BaseSettings):
     def namespace(self) -> Namespace:
         """Resolved by :func:`load` from ``prefix``, ``session_namespace`` and the environment."""
         return self._namespace
+
+    @property
+    def store_url(self) -> StoreURL:
+        """``store`` as its backend parsed it (by the field's check, once)."""
+        return parse_store(self.store)  # a StoreURL already: returned as it is
 
     @property
     def platform(self) -> str | None:
@@ -318,39 +321,11 @@ class Settings(BaseSettings):
 
 # -- single-setting checks -------------------------------------------------------------------------
 
-def _check_path(path: str, what: str) -> None:
-    if "\x00" in path:
-        raise ValueError(f"{what} path must not contain NUL")
-    raw = os.path.expanduser(path).encode("utf-8", "surrogateescape")
-    if len(raw) >= PATH_MAX:
-        raise ValueError(f"{what} path is longer than {PATH_MAX - 1} bytes")
-    if any(len(part) > NAME_MAX for part in raw.split(b"/")):
-        raise ValueError(f"{what} path has a component longer than {NAME_MAX} bytes")
-
-
-def check_store(v: str) -> str:
-    """``SIDECAR_STORE`` stripped, once it names a usable directory or a URL of a known scheme.
-    The messages never show the value: a URL may carry a SAS token."""
-    v = v.strip()
-    if not v:
-        raise ValueError("must not be empty")
-    try:
-        parts = urlsplit(v)
-    except ValueError:  # e.g. an unclosed '[' in the host
-        raise ValueError("not a valid URL (a bracketed host is not closed?)") from None
-    kind = store_kind(v)  # ValueError naming the scheme only
-    if kind == "directory":
-        if parts.scheme:
-            if parts.netloc not in ("", "localhost"):
-                host = shown(parts.hostname or "", 60)
-                raise ValueError(f"a file: URL must be file:///absolute/path; this one names the host {host} "
-                                 "(file://relative/x is not a relative path)")
-            if not parts.path.startswith("/"):
-                raise ValueError("a file: URL must be file:///absolute/path")
-        _check_path(directory_of(v), "the store")
-    elif not parts.hostname:
-        raise ValueError(f"an {parts.scheme}: store URL needs a host: https://<account>.blob.core.windows.net/<container>")
-    return v
+def check_store(v: str, env: Mapping[str, str] | None = None) -> StoreURL:
+    """``SIDECAR_STORE`` stripped and parsed, once, by the backend its scheme names
+    (:func:`sidecar.store.registry.parse_store`; ``env`` for what the URL leaves to it). The
+    messages never show the value: a URL may carry a SAS token."""
+    return parse_store(v, os.environ if env is None else env)
 
 
 _HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,252})?")  # fullmatch
@@ -572,8 +547,9 @@ def load(overrides: Mapping[str, object] | None = None, cwd: str | None = None,
                 problems.append(f"SIDECAR_ROOTS: {r.path} is not a directory")
     except ValueError as e:
         problems.append(f"SIDECAR_ROOTS: {e}")
-    if store_kind(settings.store) == "directory":
-        store_dir = os.path.normpath(os.path.join(cwd or os.getcwd(), directory_of(settings.store)))
+    local = settings.store_url.local_path
+    if local is not None:
+        store_dir = os.path.normpath(os.path.join(cwd or os.getcwd(), local))
         for r in roots:
             if is_within(store_dir, r.path) or is_within(r.path, store_dir):
                 problems.append(
@@ -599,9 +575,10 @@ def check_store_volume(settings: Settings, roots: list[Root], cwd: str | None = 
     There a store on the same filesystem as a root is likely that disk too: the fields of one
     warning. None otherwise, and off-platform, where a missing store is made when it is opened.
     What cannot be inspected is left to the store's own open, which says what is wrong."""
-    if settings.platform is None or store_kind(settings.store) != "directory":
+    local = settings.store_url.local_path
+    if settings.platform is None or local is None:
         return None
-    path = os.path.normpath(os.path.join(cwd or os.getcwd(), directory_of(settings.store)))
+    path = os.path.normpath(os.path.join(cwd or os.getcwd(), local))
     try:
         store_dev = os.stat(path).st_dev
     except FileNotFoundError:

@@ -202,7 +202,8 @@ class Daemon:
 
         found: list[str] = []
         try:
-            legacy = make_store(self.settings.store, ns.legacy, read_only=True)  # only looked at
+            legacy = make_store(self.settings.store_url, ns.legacy, read_only=True,  # only looked at
+                                concurrency=self.settings.concurrency)
         except ValueError:
             return
         try:

@@ -66,7 +66,7 @@ import anyio
 
 from sidecar import log
 from sidecar.namespace import describe_identity
-from sidecar.store.base import OWN_NAMESPACE, NotFound, ObjectMeta, Store, StoreError
+from sidecar.store.base import OWN_NAMESPACE, NotFound, ObjectInfo, ObjectMeta, Store, StoreError
 
 OWNER_KEY = f"{OWN_NAMESPACE}/owner"
 
@@ -122,10 +122,16 @@ async def read_marker(store: Store) -> dict:
     """The owner marker's fields, plus :data:`STORED_VERSION`; {} when there is none. A marker
     that is not a JSON object (garbled, or written by something else) reads as no fields but its
     stored version, so a claim still lands above it."""
+    return (await read_marker_info(store))[0]
+
+
+async def read_marker_info(store: Store) -> tuple[dict, ObjectInfo | None]:
+    """:func:`read_marker`'s fields and the marker as the store holds it (None: there is none),
+    which the next write of the marker passes as ``expected`` (``Store.put``)."""
     try:
         data, info = await store.get(OWNER_KEY)
     except NotFound:
-        return {}
+        return {}, None
     try:
         value = json.loads(data)
     except ValueError:
@@ -135,7 +141,7 @@ async def read_marker(store: Store) -> dict:
                     "claimed over (the store's version of it still orders the claim)")
         value = {}
     value[STORED_VERSION] = info.version
-    return value
+    return value, info
 
 
 async def check_identity(store: Store, identity: dict[str, str], namespace: str) -> None:
@@ -195,14 +201,15 @@ async def hand_over(store: Store, attempts: int = 5) -> Handover | None:
     marker: nothing to hand over. A compare-and-swap on the marker as read, tried again when a
     claim lands in between."""
     for _ in range(attempts):
-        current = await read_marker(store)
+        current, marker = await read_marker_info(store)
         if not current:
             return None
         seen = _stamp(current.get(STORED_VERSION))
         stamp = next_stamp(max(_stamp(current.get("generation")), seen))
         held = not ("heartbeat" in current and _number(current["heartbeat"], float) == 0)
         body = json.dumps({"generation": stamp, "owner": HANDED_OVER, "heartbeat": time.time() if held else 0}).encode()
-        info = await store.put(OWNER_KEY, body, ObjectMeta.of(body, stamp, 0o600, version=stamp), if_version=seen)
+        info = await store.put(OWNER_KEY, body, ObjectMeta.of(body, stamp, 0o600, version=stamp), if_version=seen,
+                               expected=marker)
         if info.version == stamp:
             return Handover(marker_identity(current), stamp >> 32, held)
     raise StoreError("the owner marker changed at every attempt (a sidecar keeps claiming this namespace): "
@@ -239,9 +246,11 @@ class Fence:
         self._slow_warned = False
         self._lock = anyio.Lock()
         self._claimed = anyio.Event()  # set when claim() has ended, claimed or fenced
+        self._marker: ObjectInfo | None = None  # the marker as last read or written: what a write expects
 
     async def _read(self) -> dict:
-        return await read_marker(self.store)
+        marker, self._marker = await read_marker_info(self.store)
+        return marker
 
     def _body(self, stamp: int, heartbeat: float) -> bytes:
         marker: dict = {"generation": stamp, "owner": self.owner, "heartbeat": heartbeat}
@@ -270,7 +279,8 @@ class Fence:
         stamp (we are fenced) or, with ``if_version``, when the marker is no longer at that version."""
         body = self._body(stamp, time.time() if heartbeat is None else heartbeat)
         info = await self.store.put(OWNER_KEY, body, ObjectMeta.of(body, stamp, 0o600, version=stamp),
-                                    if_version=if_version)
+                                    if_version=if_version, expected=self._marker)
+        self._marker = info
         return info.version == stamp
 
     async def claim(self) -> None:

@@ -20,21 +20,51 @@ import os
 import re
 import sys
 import time
-from typing import Any
+from typing import Any, Iterable
+from urllib.parse import unquote
 
 _LOGGER = logging.getLogger("checkpoint_sidecar")
 
-_SECRET_PATTERNS = [
-    re.compile(r"(?i)((?:AccountKey|SharedAccessSignature|sig|password|secret|token|client_secret)=)[^;&\s'\"]+"),
-    re.compile(r"(?i)(Bearer\s+)[A-Za-z0-9._~+/=-]+"),
+#: What a credential looks like in free text, and what it becomes.
+_SECRET_PATTERNS: list[tuple[re.Pattern[str], str]] = [
+    # Connection-string fields and query parameters holding secrets: AccountKey=..., sig=...
+    (
+        re.compile(
+            r"(?i)(AccountKey|SharedAccessSignature|SharedAccessKey|sig|signature|client_secret|secret|"
+            r"password|pwd|access_token|refresh_token|token)=([^;&\s'\",]+)"
+        ),
+        r"\1=***",
+    ),
+    # Authorization header values.
+    (re.compile(r"(?i)\b(Bearer)\s+[A-Za-z0-9._~+/=-]+"), r"\1 ***"),
+    (re.compile(r"(?i)\b(SharedKey(?:Lite)?)\s+([^:\s]+):\S+"), r"\1 \2:***"),
+    # JWTs (Azure AD tokens) wherever they appear.
+    (re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*"), "***"),
+    # A bare storage account key: 64 random bytes are 88 base64 characters ending in '=='.
+    (re.compile(r"(?<![A-Za-z0-9+/])[A-Za-z0-9+/]{86}=="), "***"),
 ]
 
 
-def redact(text: str) -> str:
-    """``text`` with anything shaped like a credential replaced by ``***``."""
-    for pat in _SECRET_PATTERNS:
-        text = pat.sub(r"\1***", text)
-    return text
+def redact(text: str, secrets: Iterable[str] = ()) -> str:
+    """``text`` with every known secret and anything shaped like a credential replaced by ``***``.
+
+    ``secrets`` are exact values to remove (keys, SAS tokens, connection strings, proxy
+    passwords), also in their URL-decoded form; the patterns catch ``AccountKey=``, ``sig=``,
+    ``password=``..., ``Bearer``/``SharedKey`` authorization values, JWTs and bare account keys
+    even when the value is not known. The one redactor: log lines, error lines and the stores'
+    messages all go through it.
+    """
+    out = str(text)
+    known: set[str] = set()
+    for s in secrets:
+        if s and len(s) >= 6:
+            known.add(s)
+            known.add(unquote(s))
+    for s in sorted(known, key=len, reverse=True):
+        out = out.replace(s, "***")
+    for pattern, repl in _SECRET_PATTERNS:
+        out = pattern.sub(repl, out)
+    return out
 
 
 _ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}

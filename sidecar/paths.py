@@ -38,6 +38,19 @@ LINEAGE_FILE = ".sidecar-lineage"
 INTERNAL_IGNORE = (RESTORE_TMP_PREFIX + "*", RESTORE_MARKER, KEPT_FILE, LINEAGE_FILE)
 
 MAX_KEY_BYTES = 1024  # Azure Blob's limit on a blob name; the directory store follows it too.
+PATH_MAX, NAME_MAX = 4096, 255  # bytes: a whole path, one component (Linux)
+
+
+def check_local_path(path: str, what: str) -> None:
+    """ValueError, one line naming ``what``, when ``path`` cannot be a path on this machine: a NUL,
+    more than PATH_MAX bytes, a component of more than NAME_MAX (``~`` expanded first)."""
+    if "\x00" in path:
+        raise ValueError(f"{what} path must not contain NUL")
+    raw = os.path.expanduser(path).encode("utf-8", "surrogateescape")
+    if len(raw) >= PATH_MAX:
+        raise ValueError(f"{what} path is longer than {PATH_MAX - 1} bytes")
+    if any(len(part) > NAME_MAX for part in raw.split(b"/")):
+        raise ValueError(f"{what} path has a component longer than {NAME_MAX} bytes")
 
 _INTERNAL = re.compile("|".join(f"(?:{fnmatch.translate(p)})" for p in INTERNAL_IGNORE)).match
 

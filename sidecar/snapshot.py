@@ -562,7 +562,7 @@ class Committer:
                 self.totals.deleted()
             else:
                 assert c.data is not None
-                self.known.stored(c.key, await self.writer.put(c.key, c.data, c.meta))
+                self.known.stored(c.key, await self.writer.put(c.key, c.data, c.meta, expected=self.known.get(c.key)))
                 self.totals.uploaded(c.meta.size)
         if self.known.has_bundle(root.name):
             await self.writer.delete(bundle_key(root.name))

@@ -23,7 +23,8 @@ def open_store(settings: Settings, read_only: bool = False, roots: list[Root] | 
 
     try:
         same_disk = check_store_volume(settings, roots or [])
-        store = make_store(settings.store, settings.namespace.path, read_only=read_only)
+        store = make_store(settings.store_url, settings.namespace.path, read_only=read_only,
+                           concurrency=settings.concurrency)
     except ValueError as e:
         raise StoreConfigError(str(e)) from None
     if same_disk:

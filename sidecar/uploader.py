@@ -297,7 +297,7 @@ class Uploader:
         known = self.known.get(op.key)
         if known is None or not known.same_as(meta):
             try:
-                info = await self.writer.put(op.key, data, meta)
+                info = await self.writer.put(op.key, data, meta, expected=known)
             except (Unstable, Vanished):  # a streamed file changed while it was sent: nothing was stored
                 self.mark(op.key, UPLOAD)
                 return

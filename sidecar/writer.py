@@ -108,12 +108,14 @@ class Writer:
             await self._fence.release(timeout)
 
     # -- the store interface ---------------------------------------------------------------
-    async def put(self, key: str, data: bytes | Source, meta: ObjectMeta, if_version: int | None = None) -> ObjectInfo:
-        """Prove ownership, stamp ``meta`` with the next version, then put (raises :class:`Fenced`)."""
+    async def put(self, key: str, data: bytes | Source, meta: ObjectMeta, if_version: int | None = None,
+                  expected: ObjectInfo | None = None) -> ObjectInfo:
+        """Prove ownership, stamp ``meta`` with the next version, then put (raises :class:`Fenced`);
+        ``expected`` as for :meth:`Store.put <sidecar.store.base.Store.put>`."""
         _refuse_marker(key)
         await self._prove()
         version = self._fence.next_version() if self._fence is not None else 0
-        return await self._store.put(key, data, replace(meta, version=version), if_version=if_version)
+        return await self._store.put(key, data, replace(meta, version=version), if_version=if_version, expected=expected)
 
     async def delete(self, key: str) -> None:
         """Prove ownership, then delete (raises :class:`Fenced`)."""

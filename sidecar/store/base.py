@@ -3,8 +3,8 @@
 One small async interface, in the spirit of Litestream's ``ReplicaClient``: put a whole object with
 its metadata, get it back, list by prefix with metadata in one pass, delete. Keys are relative to
 the store's own prefix (``SIDECAR_PREFIX``) and always ``/``-separated; the store never interprets
-them beyond joining them to its prefix. Backends live one per module next to this one and all pass
-``tests/store/test_contract.py``.
+them beyond joining them to its prefix. Backends live one per module next to this one, are chosen by
+the store URL's scheme (:mod:`sidecar.store.registry`) and all pass ``tests/store/test_contract.py``.
 """
 
 from __future__ import annotations
@@ -100,7 +100,8 @@ class Store(Protocol):
     async def open(self) -> None:
         """Connect and check the store is usable (create the container or directory if allowed)."""
 
-    async def put(self, key: str, data: bytes | Source, meta: ObjectMeta, if_version: int | None = None) -> ObjectInfo:
+    async def put(self, key: str, data: bytes | Source, meta: ObjectMeta, if_version: int | None = None, *,
+                  expected: ObjectInfo | None = None) -> ObjectInfo:
         """Store ``data`` under ``key`` atomically: readers see the old object or the new, whole.
         A :class:`Source` is streamed, never held whole; when its read fails, nothing changes.
         With ``if_version``, write only if the stored object is at exactly that version (0: none
@@ -109,7 +110,14 @@ class Store(Protocol):
         Supersede rule: when the stored object's ``version`` is higher than ``meta.version``,
         nothing is written and the stored object's info is returned (``info.version`` tells the
         caller): an older upload never replaces a newer one, whichever finishes last. The check
-        and the write are one atomic step (a conditional write, or a lock)."""
+        and the write are one atomic step (a conditional write, or a lock).
+
+        ``expected``: what the caller believes the store holds under ``key``, the
+        :class:`ObjectInfo` a list, get or put of this backend last returned for it (None: absent,
+        or not known). It only makes the write cheaper (Azure: one conditional request on its
+        ``etag``) and never changes the outcome: when it is stale, the store finds out and
+        decides by what it holds. A store keeps nothing per key between calls; the caller's
+        belief is the caller's (``known.StoreState``, the fence's last marker)."""
 
     async def get(self, key: str) -> tuple[bytes, ObjectInfo]:
         """The object's bytes and metadata; :class:`NotFound` when absent."""

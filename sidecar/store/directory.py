@@ -54,14 +54,16 @@ import shutil
 import stat
 import threading
 from contextlib import contextmanager
+from dataclasses import dataclass
 from itertools import islice
-from typing import AsyncIterator, Generator, Iterator
+from typing import AsyncIterator, Generator, Iterator, Mapping
+from urllib.parse import unquote, urlsplit
 
 import anyio
 import anyio.to_thread
 
 from sidecar import log
-from sidecar.paths import UnsafeKey, validate_relpath
+from sidecar.paths import UnsafeKey, check_local_path, validate_relpath
 from sidecar.store.base import CHUNK_BYTES, OWN_NAMESPACE, NotFound, ObjectInfo, ObjectMeta, Source, StoreError, StoreFull
 
 META_DIR = ".sidecar-meta"
@@ -564,7 +566,9 @@ class DirectoryStore:
 
         await self._run(check, key=self.prefix)
 
-    async def put(self, key: str, data: bytes | Source, meta: ObjectMeta, if_version: int | None = None) -> ObjectInfo:
+    async def put(self, key: str, data: bytes | Source, meta: ObjectMeta, if_version: int | None = None, *,
+                  expected: ObjectInfo | None = None) -> ObjectInfo:
+        # ``expected`` is not needed: the key's lock makes the check and the write one step
         parts = self._parts(key)
         _data_path, meta_path = self._paths(key)
 
@@ -846,3 +850,40 @@ class DirectoryStore:
 
     async def aclose(self) -> None:
         return None
+
+
+# -- the registry's entry points (sidecar.store.registry) -----------------------------------------
+
+@dataclass(frozen=True)
+class DirectoryLocation:
+    """A directory store's ``SIDECAR_STORE``: the directory (``~`` expanded; relative to the
+    working directory unless absolute)."""
+
+    path: str
+
+    @property
+    def local_path(self) -> str:
+        return self.path
+
+
+def parse_url(url: str, env: Mapping[str, str]) -> DirectoryLocation:
+    """A path, or ``file:///absolute/path``; ValueError, one line, for anything else."""
+    parts = urlsplit(url)
+    if parts.scheme:
+        if parts.netloc not in ("", "localhost"):
+            raise ValueError(f"a file: URL must be file:///absolute/path; this one names the host "
+                             f"{ascii(parts.hostname or '')[:62]} (file://relative/x is not a relative path)")
+        if not parts.path.startswith("/"):
+            raise ValueError("a file: URL must be file:///absolute/path")
+        path = unquote(parts.path)
+    else:
+        path = os.path.expanduser(url)
+    check_local_path(path, "the store")
+    return DirectoryLocation(path)
+
+
+def make(location: DirectoryLocation, prefix: str, *, create: bool, concurrency: int,
+         env: Mapping[str, str]) -> DirectoryStore:
+    """The directory store at ``location`` with ``prefix`` below it (its worker threads are
+    bounded on their own; ``concurrency`` and ``env`` are not needed)."""
+    return DirectoryStore(location.path, prefix, create=create)

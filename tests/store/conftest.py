@@ -3,13 +3,13 @@ store factory."""
 
 from __future__ import annotations
 
-from typing import Any, Awaitable, Callable  # noqa: E402
+from typing import Any, AsyncIterator, Awaitable, Callable  # noqa: E402
 
 import pytest  # noqa: E402
 from azure.storage.blob.aio import BlobServiceClient  # noqa: E402
 
+from sidecar.store import registry  # noqa: E402
 from sidecar.store.azure import AzureBlobStore  # noqa: E402
-from sidecar.store.directory import DirectoryStore  # noqa: E402
 from tests.azurite import (  # noqa: E402
     Azurite,
     AzuriteEndpoint,
@@ -83,29 +83,33 @@ async def azure_stores(azurite: AzuriteEndpoint):
 
 
 @pytest.fixture(params=["directory", pytest.param("azure", marks=pytest.mark.azure)])
-async def make_store(request, tmp_path) -> Callable[..., Awaitable[Any]]:
-    """``await make_store(prefix="")``: an opened store of the parametrized backend.
-
-    Every store made by one test shares one base (a directory under tmp_path, or a fresh
-    container on Azurite), so two prefixes in one test live side by side.
-    """
+async def store_place(request, tmp_path) -> AsyncIterator[tuple[str, dict[str, str]]]:
+    """Where one test's stores of the parametrized backend live: a ``SIDECAR_STORE`` URL and the
+    environment (credentials) for it. A new backend is one more parameter here."""
     if request.param == "directory":
-        made: list[DirectoryStore] = []
-
-        async def make(prefix: str = "") -> DirectoryStore:
-            store = DirectoryStore(str(tmp_path / "store"), prefix)
-            await store.open()
-            made.append(store)
-            return store
-
-        yield make
-        for store in made:
-            await store.aclose()
-    else:
+        yield str(tmp_path / "store"), {}
+    elif request.param == "azure":
         stores = AzureStores(request.getfixturevalue("azurite"))
+        yield stores.url, stores.endpoint.env()
+        await stores.close()  # drops the container
+    else:
+        raise AssertionError(f"no place for the backend {request.param!r}")
 
-        async def make(prefix: str = "") -> AzureBlobStore:
-            return await stores(prefix)
 
-        yield make
-        await stores.close()
+@pytest.fixture
+async def make_store(store_place) -> AsyncIterator[Callable[..., Awaitable[Any]]]:
+    """``await make_store(prefix="")``: an opened store of the parametrized backend, made the way
+    the sidecar makes it (:func:`sidecar.store.registry.make_store`). Every store made by one
+    test shares one place, so two prefixes in one test live side by side."""
+    url, env = store_place
+    made: list[Any] = []
+
+    async def make(prefix: str = "") -> Any:
+        store = registry.make_store(url, prefix, env=env)
+        made.append(store)
+        await store.open()
+        return store
+
+    yield make
+    for store in made:
+        await store.aclose()

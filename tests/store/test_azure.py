@@ -11,8 +11,9 @@ from urllib.parse import quote
 
 import pytest
 
+from sidecar.log import redact
 from sidecar.store import make_store
-from sidecar.store.azure import AzureBlobStore, parse_store_url, redact
+from sidecar.store.azure import AzureBlobStore, parse_store_url
 from sidecar.store.base import NotFound, ObjectMeta, StoreError, TransientStoreError
 from tests.azurite import DEV_KEY, Azurite, AzuriteUnavailable, find_azurite_command, free_port
 
@@ -158,6 +159,28 @@ async def test_credential_order(env, url_sas, source):
         await store.aclose()
 
 
+@pytest.mark.parametrize("conn", [
+    CONN,
+    "UseDevelopmentStorage=true",
+    f"DefaultEndpointsProtocol=https;AccountName=acct;AccountKey={FAKE_KEY};EndpointSuffix=core.chinacloudapi.cn",
+    f"AccountName=acct;AccountKey={FAKE_KEY}",
+    f"BlobEndpoint=https://acct.blob.core.windows.net;SharedAccessSignature={SAS}",
+])
+async def test_a_connection_string_names_the_endpoint_and_account_the_sdk_reads_from_it(conn):
+    """Ours is read by sidecar.store.azure.credentials (the SDK's parser is private; its public
+    route builds a client): both must agree on where the requests go and for which account."""
+    from azure.storage.blob.aio import BlobServiceClient
+
+    sdk = BlobServiceClient.from_connection_string(conn)
+    store = AzureBlobStore.from_url("https://acct.blob.core.windows.net/ckpt", env={"AZURE_STORAGE_CONNECTION_STRING": conn})
+    try:
+        assert store._endpoint_url.rstrip("/") == sdk.primary_endpoint.split("?")[0].rstrip("/")
+        assert store.account == sdk.account_name
+    finally:
+        await store.aclose()
+        await sdk.close()
+
+
 def test_token_credential_needs_https():
     with pytest.raises(ValueError, match="https"):
         AzureBlobStore.from_url("http://127.0.0.1:10000/devstoreaccount1/ckpt", env={})
@@ -279,17 +302,17 @@ def _chained(outer: BaseException, cause: BaseException) -> BaseException:
     (lambda: _unreachable(__import__("aiohttp").ClientHttpProxyError(None, (), status=407)), "proxy"),
 ])
 def test_connection_failures_are_told_apart(make, kind):
-    from sidecar.store.azure import _failure
+    from sidecar.store.azure.errors import failure_kind
 
-    assert _failure(make())[0] == kind
+    assert failure_kind(make())[0] == kind
 
 
 def test_retry_backoff_is_exponential_with_jitter_and_honours_retry_after():
     from types import SimpleNamespace
 
-    from sidecar.store.azure import RETRY_AFTER_MAX, _Retry
+    from sidecar.store.azure.retry import RETRY_AFTER_MAX, Retry
 
-    policy = _Retry(0.5, 4)
+    policy = Retry(0.5, 4)
     for n, nominal in ((1, 0.5), (2, 1.0), (3, 2.0), (4, 4.0), (10, 30.0)):
         waits = {policy.get_backoff_time({"count": n, "history": []}) for _ in range(50)}
         assert all(nominal * 0.5 <= w <= nominal * 1.5 for w in waits), (n, waits)
@@ -442,7 +465,7 @@ async def test_outage_after_open_is_transient(tmp_path):
 @pytest.mark.azure
 async def test_content_md5_and_metadata_on_uploaded_blobs(azure_stores):
     small = await azure_stores("md5")
-    blocky = await azure_stores("md5", max_concurrency=3)
+    blocky = await azure_stores("md5", concurrency=3)
     one = b"checkpoint bytes" * 100
     many = os.urandom(20 * 1024 * 1024 + 123)  # one Put Blob (up to 5,000 MiB since API 2019-12-12)
     await small.put("r/one", one, meta(one, 11, 0o640))
@@ -466,7 +489,7 @@ async def test_service_checks_the_content_md5(azure_stores):
     wrong = hashlib.md5(b"something else").digest()
     from azure.core.exceptions import HttpResponseError
 
-    from sidecar.store.azure import _code
+    from sidecar.store.azure.errors import error_code as _code
 
     with pytest.raises(HttpResponseError) as e:
         await store._put_blob("corrupt/r/k", data, wrong, {}, None)
@@ -502,26 +525,48 @@ class RequestCounter:
 
 @pytest.mark.azure
 async def test_steady_state_costs_one_request(azure_stores):
+    """A caller that passes what it last saw (``expected``: StoreState's job) pays one request
+    per write; the store itself remembers nothing."""
     counter = RequestCounter()
     store = await azure_stores("steady", request_hook=counter)
     for i in range(3):
         await store.put(f"r/f{i}", b"x", meta(b"x", 1))
     counter.requests.clear()
-    infos = [i async for i in store.list()]  # one paged pass, metadata included, no HEADs
-    assert len(infos) == 3 and all(i.sha256 for i in infos)
+    infos = {i.key: i async for i in store.list()}  # one paged pass, metadata included, no HEADs
+    assert len(infos) == 3 and all(i.sha256 for i in infos.values())
     assert counter.requests == [f"GET {azure_stores.container}"]
     counter.requests.clear()
     for i in range(3):  # updates of known blobs: one conditional PUT each
-        await store.put(f"r/f{i}", b"y", meta(b"y", 2))
+        infos[f"r/f{i}"] = await store.put(f"r/f{i}", b"y", meta(b"y", 2), expected=infos[f"r/f{i}"])
     await store.put("r/new", b"n", meta(b"n", 2))  # a new blob: one PUT (If-None-Match: *)
     assert counter.requests == ["PUT f0", "PUT f1", "PUT f2", "PUT new"]
     counter.requests.clear()
     # A blob changed behind our back: one failed PUT, one HEAD, one PUT.
     other = await azure_stores("steady")
     await other.put("r/f0", b"z", meta(b"z", 3))
-    await store.put("r/f0", b"w", meta(b"w", 4))
+    await store.put("r/f0", b"w", meta(b"w", 4), expected=infos["r/f0"])
     assert counter.requests == ["PUT f0", "HEAD f0", "PUT f0"]
     assert (await other.get("r/f0"))[0] == b"w"
+    counter.requests.clear()
+    # Nothing expected of a blob that is there: the same three (the absence it assumed was wrong).
+    await store.put("r/f1", b"v", meta(b"v", 5))
+    assert counter.requests == ["PUT f1", "HEAD f1", "PUT f1"]
+
+
+@pytest.mark.azure
+async def test_an_expected_newer_version_is_checked_with_one_read_and_nothing_written(azure_stores):
+    """``expected`` settles nothing by itself: a stored version it says is newer is read once
+    (a HEAD, no write) and decides; a swap against an object not known reads first too."""
+    counter = RequestCounter()
+    store = await azure_stores("newer", request_hook=counter)
+    newer = await store.put("r/k", b"new", meta(b"new", 10))
+    counter.requests.clear()
+    info = await store.put("r/k", b"old", meta(b"old", 5), expected=newer)
+    assert info.version == 10 and counter.requests == ["HEAD k"]
+    assert (await store.get("r/k"))[0] == b"new"
+    counter.requests.clear()
+    taken = await store.put("r/k", b"swap", meta(b"swap", 11), if_version=10)
+    assert taken.version == 11 and counter.requests == ["HEAD k", "PUT k"]
 
 
 @pytest.mark.azure
@@ -648,9 +693,9 @@ async def test_zero_byte_blob_and_odd_names_round_trip_with_the_sdk(azure_stores
 async def test_the_small_first_page_is_only_open_s_and_the_listing_goes_on_after_it(azure_stores, monkeypatch):
     """open() asks for a small first page (a restore downloads from it while the rest comes);
     list() follows its NextMarker with full pages, and any later listing asks for full pages."""
-    from sidecar.store import azure
+    from sidecar.store.azure import store as azure_store
 
-    monkeypatch.setattr(azure, "FIRST_PAGE_RESULTS", 5)
+    monkeypatch.setattr(azure_store, "FIRST_PAGE_RESULTS", 5)
     seed = await azure_stores("pages")
     keys = sorted(f"r/f{i:02d}" for i in range(12))
     for k in keys:

@@ -12,8 +12,9 @@ import socket
 import anyio
 import pytest
 
-from sidecar.store.azure import AzureBlobStore, Proxy, _bypassed, proxy_for
+from sidecar.store.azure import AzureBlobStore
 from sidecar.store.base import ObjectMeta, StoreError, TransientStoreError
+from sidecar.store.proxy import Proxy, _bypassed, proxy_for
 from support import disk_tree, run_cli, sidecar_env
 from tests.azurite import DEV_ACCOUNT, DEV_KEY, unique_container
 from tests.proxy import Proxy as ForwardProxy

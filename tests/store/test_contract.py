@@ -158,6 +158,43 @@ async def test_stale_upload_never_replaces_newer(make_store):
     assert (await store.put("r/u", new, meta(new, mtime_ns=1, version=1))).version == 1
 
 
+async def test_what_a_store_object_saw_before_decides_nothing(make_store):
+    """A store keeps nothing per key: what another writer did since this store object listed or
+    read a key counts, whether the caller passes no ``expected`` or a stale one."""
+    a, b = await make_store(), await make_store()
+    await a.put("r/k", b"five", meta(b"five", version=5))
+    seen = (await listed(a))["r/k"]  # a has seen version 5
+    assert (await a.get("r/k"))[1].version == 5
+    await b.delete("r/k")
+    await b.put("r/k", b"two", meta(b"two", version=2))  # gone, then an older version: 4 is newer
+    info = await a.put("r/k", b"four", meta(b"four", version=4))
+    assert info.version == 4 and (await b.get("r/k"))[0] == b"four"
+    await b.delete("r/k")
+    await b.put("r/k", b"one", meta(b"one", version=1))
+    info = await a.put("r/k", b"three", meta(b"three", version=3), expected=seen)  # a stale belief
+    assert info.version == 3 and (await b.get("r/k"))[0] == b"three"
+
+
+async def test_expected_never_changes_the_outcome(make_store):
+    """``put(..., expected=info)`` (what the caller last saw of the key) may make the write cheaper;
+    fresh, stale or absent, the supersede rule and the swap decide by what is stored."""
+    a, b = await make_store(), await make_store()
+    first = await a.put("r/k", b"1", meta(b"1", version=1))
+    second = await a.put("r/k", b"2", meta(b"2", version=2), expected=first)  # fresh
+    assert second.version == 2 and (await b.get("r/k"))[0] == b"2"
+    await b.put("r/k", b"9", meta(b"9", version=9))  # behind a's back
+    refused = await a.put("r/k", b"3", meta(b"3", version=3), expected=second)  # stale: 9 stands
+    assert refused.version == 9 and (await b.get("r/k"))[0] == b"9"
+    assert (await a.put("r/k", b"10", meta(b"10", version=10), expected=second)).version == 10  # stale, newer
+    await b.delete("r/k")
+    assert (await a.put("r/k", b"11", meta(b"11", version=11), expected=refused)).version == 11  # deleted since
+    current = (await b.get("r/k"))[1]
+    swap = await a.put("r/k", b"x", meta(b"x", version=12), if_version=10, expected=current)
+    assert swap.version == 11 and (await b.get("r/k"))[0] == b"11"  # a swap against another version: refused
+    swap = await a.put("r/k", b"x", meta(b"x", version=12), if_version=11, expected=first)  # stale belief
+    assert swap.version == 12 and (await b.get("r/k"))[0] == b"x"
+
+
 async def test_prefix_isolation(make_store):
     a = await make_store("iso")
     b = await make_store("iso2")  # a string prefix of the other must not leak into it
@@ -191,10 +228,11 @@ async def test_unsafe_keys_refused(make_store, key):
 async def test_a_listing_over_several_pages_or_batches_holds_each_object_once(make_store, monkeypatch):
     """Listings come in pages (Azure) or worker-thread batches (directory): made tiny here, every
     object still comes exactly once, by prefix too."""
-    from sidecar.store import azure, directory
+    from sidecar.store import directory
+    from sidecar.store.azure import store as azure_store
 
     monkeypatch.setattr(directory, "LIST_BATCH", 3)
-    monkeypatch.setattr(azure, "FIRST_PAGE_RESULTS", 3)
+    monkeypatch.setattr(azure_store, "FIRST_PAGE_RESULTS", 3)
     store = await make_store()
     keys = sorted([f"r/d{i % 3}/f{i}" for i in range(11)] + ["s/x", "s/y"])
     for k in keys:

@@ -10,7 +10,7 @@ the store tests' own serving https (``tls_azurite``) with ``--oauth basic`` (it 
 audience, not its signature).
 
 The chain tries only the environment's service principal, workload identity and managed identity
-(``sidecar.store.azure._token_credential``), and the test environment carries none of the
+(``sidecar.store.azure.credentials._token_credential``), and the test environment carries none of the
 variables the first two need, so nothing but the emulated endpoint is ever asked for a token: no
 developer tool, no instance metadata service (169.254.169.254).
 """

@@ -251,7 +251,7 @@ def test_off_platform_or_azure_the_store_is_not_checked(tmp_path):
     settings, roots = _settings(tmp_path, tmp_path / "missing")
     assert settings.platform is None and check_store_volume(settings, roots) is None
     settings, roots = load({}, cwd=str(tmp_path), env={
-        "SIDECAR_STORE": "https://acct.blob.core.windows.net/c", "KUBERNETES_SERVICE_HOST": "10.0.0.1"})
+        "SIDECAR_STORE": "https://acct.blob.core.windows.net/ckpt", "KUBERNETES_SERVICE_HOST": "10.0.0.1"})
     assert check_store_volume(settings, roots) is None
 
 

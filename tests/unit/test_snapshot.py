@@ -297,8 +297,8 @@ def test_a_streamed_file_changed_after_the_bundle_leaves_a_restorable_state(tmp_
     class RewriteAfterBundle(DirectoryStore):
         rewrite = True
 
-        async def put(self, key, data, meta, if_version=None):
-            info = await super().put(key, data, meta, if_version)
+        async def put(self, key, data, meta, **conditions):
+            info = await super().put(key, data, meta, **conditions)
             if key == snapshot.bundle_key("state") and self.rewrite:
                 self.rewrite = False
                 (work / "big.bin").write_bytes(b"2" * 100_000)  # the host's next superstep, half written

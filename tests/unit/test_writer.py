@@ -70,7 +70,7 @@ class FakeStore:
     async def open(self) -> None:
         pass
 
-    async def put(self, key, data, meta: ObjectMeta, if_version=None) -> ObjectInfo:
+    async def put(self, key, data, meta: ObjectMeta, if_version=None, expected=None) -> ObjectInfo:
         r = await self._request("put", key, self.latency)
         stored = self.objects.get(key)
         held = stored[1].version if stored else 0
