@@ -180,13 +180,16 @@ async def hand_over(store: Store, attempts: int = 5) -> Handover | None:
     fenced at its next proof. Its heartbeat stays non-zero unless the owner had released the
     namespace, so the next claim still waits out that owner's write window. None when there is no
     marker: nothing to hand over. A compare-and-swap on the marker as read, tried again when a
-    claim lands in between."""
+    claim lands in between. Like a claim, the stamp is above every version stored in the
+    namespace (one listing), not only above the marker's: a rolled-back or copied marker must not
+    leave the handed-over generation below a live owner's."""
+    floor = floor_stamp(await stored_max_version(store))
     for _ in range(attempts):
         current = await read_marker(store)
         if not current:
             return None
         seen = _stamp(current.get(STORED_VERSION))
-        stamp = next_stamp(max(_stamp(current.get("generation")), seen))
+        stamp = next_stamp(max(_stamp(current.get("generation")), seen, floor))
         held = not ("heartbeat" in current and _number(current["heartbeat"], float) == 0)
         body = json.dumps({"generation": stamp, "owner": HANDED_OVER, "heartbeat": time.time() if held else 0}).encode()
         info = await store.put(OWNER_KEY, body, ObjectMeta.of(body, stamp, 0o600, version=stamp), if_version=seen)
