@@ -53,16 +53,20 @@ import anyio
 
 from sidecar import log
 from sidecar.namespace import describe_identity
-from sidecar.store.base import OWN_NAMESPACE, NotFound, ObjectMeta, Store, StoreError
+from sidecar.store.base import (  # noqa: F401 (the version constants are part of this module's interface)
+    MAX_FLOOR_GENERATION,
+    OWN_NAMESPACE,
+    VERSION_COUNTER_BITS,
+    NotFound,
+    ObjectMeta,
+    Store,
+    StoreError,
+    sane_version,
+)
 
 OWNER_KEY = f"{OWN_NAMESPACE}/owner"
 
 
-#: Bits of a version below the generation: one sidecar's writes (2^40 of them).
-VERSION_COUNTER_BITS = 40
-#: A stored version whose generation is above this is malformed (not written by a sidecar: the
-#: generations of versions below 2^63 would run out) and does not raise a claim's generation.
-MAX_FLOOR_GENERATION = 2**22
 
 
 class Fenced(Exception):
@@ -135,9 +139,9 @@ async def check_identity(store: Store, identity: dict[str, str], namespace: str)
 
 def counted_version(version: int) -> int:
     """A stored version as it counts towards a claim's floor: itself, or 0 when its generation is
-    above :data:`MAX_FLOOR_GENERATION` (no sidecar wrote it; that object is never replaced, and
-    says so as ``file_older_than_stored``)."""
-    return version if 0 <= version >> VERSION_COUNTER_BITS <= MAX_FLOOR_GENERATION else 0
+    above :data:`MAX_FLOOR_GENERATION` (no sidecar wrote it; a put replaces that object as if it
+    had no version: ``store.base.supersedes``)."""
+    return version if sane_version(version) else 0
 
 
 def floor_stamp(floor: int) -> int:
@@ -188,8 +192,8 @@ async def hand_over(store: Store, attempts: int = 5) -> Handover | None:
         current = await read_marker(store)
         if not current:
             return None
-        seen = _stamp(current.get(STORED_VERSION))
-        stamp = next_stamp(max(_stamp(current.get("generation")), seen, floor))
+        seen = current.get(STORED_VERSION, 0)  # as stored: the swap compares it, even out of range
+        stamp = next_stamp(max(_stamp(current.get("generation")), _stamp(seen), floor))
         held = not ("heartbeat" in current and _number(current["heartbeat"], float) == 0)
         body = json.dumps({"generation": stamp, "owner": HANDED_OVER, "heartbeat": time.time() if held else 0}).encode()
         info = await store.put(OWNER_KEY, body, ObjectMeta.of(body, stamp, 0o600, version=stamp), if_version=seen)
@@ -270,7 +274,7 @@ class Fence:
                                "above them")
         stamp = next_stamp(max(marked, lifted))
         # a compare-and-swap on the marker as read: of two claims from one read, one lands
-        if not await self._write(stamp, if_version=_stamp(current.get(STORED_VERSION))):
+        if not await self._write(stamp, if_version=current.get(STORED_VERSION, 0)):  # as stored
             self.fenced = (conflict(await self._read(), self.identity, self.namespace)
                            or "another sidecar claimed this store prefix at the same moment")
             self._claimed.set()

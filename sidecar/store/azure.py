@@ -58,7 +58,7 @@ from azure.storage.blob.aio import BlobServiceClient, ContainerClient, Exponenti
 
 from sidecar import log
 from sidecar.paths import MAX_KEY_BYTES, UnsafeKey, validate_relpath
-from sidecar.store.base import CHUNK_BYTES, NotFound, ObjectInfo, ObjectMeta, Source, StoreError, TransientStoreError
+from sidecar.store.base import CHUNK_BYTES, NotFound, ObjectInfo, ObjectMeta, Source, StoreError, TransientStoreError, supersedes
 
 # Metadata names must be valid C# identifiers; Azure treats them case-insensitively.
 META_SHA256 = "sidecar_sha256"
@@ -1063,7 +1063,7 @@ class AzureBlobStore:
         metadata = {META_SHA256: meta.sha256, META_MTIME: str(meta.mtime_ns), META_MODE: format(meta.mode & 0o7777, "o"),
                     META_VERSION: str(meta.version)}
         seen = self._seen.get(name)
-        if seen is not None and (seen.version > meta.version or (if_version is not None and seen.version != if_version)):
+        if seen is not None and (supersedes(seen, meta.version) or (if_version is not None and seen.version != if_version)):
             return seen  # known newer (or other) already: superseded without a request
         if if_version and seen is None:  # a swap against an object this store has not seen: look first
             try:
@@ -1106,7 +1106,7 @@ class AzureBlobStore:
                 self._seen[name] = current
                 if if_version is not None and current.version != if_version:
                     return current  # changed since it was read: the swap is refused
-                if current.version > meta.version:
+                if supersedes(current, meta.version):
                     log.debug("upload_superseded", key=key, detail="a newer version is in the store")
                     return current
                 etag = current.etag
