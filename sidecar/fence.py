@@ -31,7 +31,8 @@ reading a stamp claims ``stamp + 1``, which is above it. Protocol:
   identity, or of none, is refused before it restores (:func:`check_identity`) and, should two
   start at once on an empty namespace, at its claim or its next proof: it never fences the
   owner's successors. A marker without an identity (written by an older release, with a fixed
-  prefix, or by :func:`hand_over`) is taken over by anyone.
+  prefix, or by :func:`hand_over`) is taken over by anyone; one that cannot be read (garbled,
+  too large) by no one: ``release`` rewrites it.
 
 A writer thus writes only within ``window`` seconds of proving it still owns the prefix, and a new
 owner waits ``window + margin`` after its claim before writing: time-based fencing as in lease
@@ -80,11 +81,18 @@ class IdentityConflict(Exception):
 def conflict(marker: dict, identity: dict[str, str], namespace: str) -> str | None:
     """Why a sidecar of ``identity`` must not use the namespace whose owner marker is ``marker``;
     None when it may (the same identity, or a marker that records none). A sidecar without an
-    identity never takes a namespace whose marker records one."""
+    identity never takes a namespace whose marker records one, and none takes one whose marker
+    it cannot read (it may record another identity)."""
+    where = namespace or "(top of the store)"
+    if isinstance(marker, dict) and marker.get(UNREADABLE):
+        key = f"{namespace}/{OWNER_KEY}" if namespace else OWNER_KEY
+        return (f"the owner marker {key!r} of the store namespace {where!r} cannot be read ({marker[UNREADABLE]}): "
+                "whose namespace it is cannot be told, so this sidecar does not take it over. Look at it; if "
+                "no other session owns the namespace, hand it over (this rewrites the marker): "
+                f"SIDECAR_PREFIX={namespace!r} SIDECAR_SESSION_NAMESPACE=off checkpoint-sidecar release")
     theirs = marker_identity(marker)
     if not theirs or theirs == identity:
         return None
-    where = namespace or "(top of the store)"
     if not identity:
         return (f"the store namespace {where!r} belongs to {describe_identity(theirs)}, and this sidecar has no "
                 "identity (no session id, and SIDECAR_PREFIX refers to no variable): it must not take over a "
@@ -107,25 +115,51 @@ def marker_identity(marker: dict) -> dict[str, str]:
 
 #: The marker's field read_marker adds: the version the store holds the marker at (0: none).
 STORED_VERSION = "_stored_version"
+#: The field read_marker sets instead of the marker's own when it cannot read them: why.
+UNREADABLE = "_unreadable"
+#: A marker is a few hundred bytes; one larger than this is not one of ours and is not read.
+MAX_MARKER_BYTES = 64 * 1024
+
+
+async def _marker_bytes(store: Store) -> tuple[bytes | None, int]:
+    """The marker's bytes (None when larger than :data:`MAX_MARKER_BYTES`: never read whole) and
+    the version the store holds it at; :class:`NotFound` when there is none."""
+    info, chunks = await store.get_stream(OWNER_KEY)
+    data = bytearray()
+    try:
+        if info.size <= MAX_MARKER_BYTES:
+            async for chunk in chunks:
+                data += chunk
+                if len(data) > MAX_MARKER_BYTES:
+                    break
+    finally:
+        close = getattr(chunks, "aclose", None)
+        if close is not None:
+            await close()
+    fits = info.size <= MAX_MARKER_BYTES and len(data) <= MAX_MARKER_BYTES
+    return (bytes(data) if fits else None), info.version
 
 
 async def read_marker(store: Store) -> dict:
     """The owner marker's fields, plus :data:`STORED_VERSION`; {} when there is none. A marker
-    that is not a JSON object (garbled, or written by something else) reads as no fields but its
-    stored version, so a claim still lands above it."""
+    that cannot be read as one (larger than :data:`MAX_MARKER_BYTES`, not a JSON object, nested
+    too deep) has no fields but its stored version and :data:`UNREADABLE`: whose namespace it is
+    cannot be told, so no claim takes it over (:func:`conflict`); ``release`` rewrites it."""
     try:
-        data, info = await store.get(OWNER_KEY)
+        data, version = await _marker_bytes(store)
     except NotFound:
         return {}
-    try:
-        value = json.loads(data)
-    except ValueError:
-        value = None
+    value: object = None
+    why = f"larger than {MAX_MARKER_BYTES // 1024} KiB"
+    if data is not None:
+        why = "not a JSON object"
+        try:
+            value = json.loads(data)
+        except (ValueError, RecursionError):
+            value = None
     if not isinstance(value, dict):
-        log.warning("owner_marker_unreadable", detail="the namespace's owner marker is not a JSON object: "
-                    "claimed over (the store's version of it still orders the claim)")
-        value = {}
-    value[STORED_VERSION] = info.version
+        return {STORED_VERSION: version, UNREADABLE: why}
+    value[STORED_VERSION] = version
     return value
 
 
