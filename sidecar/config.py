@@ -590,15 +590,18 @@ def _one_per_duplicate(problems: list[str], twice: Mapping[str, list[str]]) -> l
     return [p for p in problems if p.split(": ", 1)[0] not in twice or any(p.startswith(o) for o in own)]
 
 
-def check_store_volume(settings: Settings, roots: list[Root], cwd: str | None = None) -> dict[str, str] | None:
+def check_store_volume(settings: Settings, roots: list[Root], cwd: str | None = None,
+                       container_root: str = "/") -> list[tuple[str, dict[str, str]]]:
     """On a container platform (:attr:`Settings.platform`) a directory store must be a mounted
     volume: one that does not exist is never created (it would be on the container's own disk,
     gone with it, and a restore from it would look like a first boot): ValueError, one line.
-    There a store on the same filesystem as a root is likely that disk too: the fields of one
-    warning. None otherwise, and off-platform, where a missing store is made when it is opened.
-    What cannot be inspected is left to the store's own open, which says what is wrong."""
+    There a store that exists yet lies on the container's own disk is a warning (an event and its
+    fields): on the filesystem of ``container_root`` (the root/overlay filesystem: the platform
+    did not mount the volume over the image's directory), ``store_on_container_disk``; on that of
+    a root, ``store_on_root_filesystem``. None off-platform, where a missing store is made when it
+    is opened. What cannot be inspected is left to the store's own open, which says what is wrong."""
     if settings.platform is None or store_kind(settings.store) != "directory":
-        return None
+        return []
     path = os.path.normpath(os.path.join(cwd or os.getcwd(), directory_of(settings.store)))
     try:
         store_dev = os.stat(path).st_dev
@@ -609,13 +612,20 @@ def check_store_volume(settings: Settings, roots: list[Root], cwd: str | None = 
             "on the container's own disk; mount the volume there or fix the path (SIDECAR_PREFIX names a "
             "directory inside it)") from None
     except OSError:
-        return None
+        return []
+    warnings: list[tuple[str, dict[str, str]]] = []
+    if _device_of(container_root) == store_dev:
+        warnings.append(("store_on_container_disk", {
+            "store": path, "platform": settings.platform,
+            "detail": "the directory store is on the container's own root filesystem, lost with the container: "
+                      "a mounted volume is expected there (was it mounted?)"}))
     shared = [r.path for r in roots if _device_of(r.path) == store_dev]
-    if not shared:
-        return None
-    return {"store": path, "roots": ",".join(shared), "platform": settings.platform,
+    if shared:
+        warnings.append(("store_on_root_filesystem", {
+            "store": path, "roots": ",".join(shared), "platform": settings.platform,
             "detail": "the directory store is on the same filesystem as the mirrored roots: on a container platform "
-                      "that is likely the compute's own disk, lost with it; mount a volume for SIDECAR_STORE"}
+                      "that is likely the compute's own disk, lost with it; mount a volume for SIDECAR_STORE"}))
+    return warnings
 
 
 def _device_of(path: str) -> int | None:

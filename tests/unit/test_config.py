@@ -249,10 +249,10 @@ def test_off_platform_or_azure_the_store_is_not_checked(tmp_path):
     from sidecar.config import check_store_volume
 
     settings, roots = _settings(tmp_path, tmp_path / "missing")
-    assert settings.platform is None and check_store_volume(settings, roots) is None
+    assert settings.platform is None and check_store_volume(settings, roots) == []
     settings, roots = load({}, cwd=str(tmp_path), env={
         "SIDECAR_STORE": "https://acct.blob.core.windows.net/c", "KUBERNETES_SERVICE_HOST": "10.0.0.1"})
-    assert check_store_volume(settings, roots) is None
+    assert check_store_volume(settings, roots) == []
 
 
 def test_a_store_on_the_roots_filesystem_on_a_platform_is_a_warning(tmp_path):
@@ -264,9 +264,34 @@ def test_a_store_on_the_roots_filesystem_on_a_platform_is_a_warning(tmp_path):
     store = tmp_path / "store"
     store.mkdir()
     settings, roots = _settings(tmp_path, store, KUBERNETES_SERVICE_HOST="10.0.0.1")
-    warning = check_store_volume(settings, roots)  # the roots do not exist yet: their parent counts
-    assert warning and warning["store"] == str(store) and warning["platform"] == "KUBERNETES_SERVICE_HOST"
+    # the roots do not exist yet: their parent counts
+    warnings = dict(check_store_volume(settings, roots, container_root="/proc"))
+    warning = warnings["store_on_root_filesystem"]
+    assert warning["store"] == str(store) and warning["platform"] == "KUBERNETES_SERVICE_HOST"
     assert warning["roots"] == ",".join(r.path for r in roots)
+    assert "store_on_container_disk" not in warnings  # /proc: not the store's filesystem
     if os.stat("/proc").st_dev != os.stat(tmp_path).st_dev:  # another filesystem: no warning
         settings, roots = _settings(tmp_path, "/proc", KUBERNETES_SERVICE_HOST="10.0.0.1")
-        assert check_store_volume(settings, roots) is None
+        assert check_store_volume(settings, roots, container_root=str(tmp_path)) == []
+
+
+def test_a_store_on_the_containers_own_filesystem_on_a_platform_is_a_warning(tmp_path):
+    """A store that exists (an image's mkdir'd mount point) on the container's root filesystem,
+    with the roots elsewhere: the platform did not mount the volume. One warning, not an error."""
+    import os
+
+    from sidecar.config import check_store_volume
+
+    other = "/proc"  # another filesystem than the store's, for the roots
+    if os.stat(other).st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("/proc is on the test directory's filesystem")
+    store = tmp_path / "mnt" / "durable"
+    store.mkdir(parents=True)
+    settings, _ = _settings(tmp_path, store, KUBERNETES_SERVICE_HOST="10.0.0.1")
+    roots: list = []  # none on the store's filesystem: only the container's disk counts
+    [(event, fields)] = check_store_volume(settings, roots, container_root=str(tmp_path))
+    assert event == "store_on_container_disk" and fields["store"] == str(store)
+    assert "a mounted volume is expected" in fields["detail"] and "\n" not in fields["detail"]
+    assert check_store_volume(settings, roots, container_root=other) == []  # the volume is mounted
+    settings, _ = _settings(tmp_path, store)  # off a platform: no check
+    assert check_store_volume(settings, roots, container_root=str(tmp_path)) == []
