@@ -202,6 +202,9 @@ def test_kubelet_service_links_never_fail_the_start(tmp_path):
     assert (work / "child-ran").exists()
     errors = config_errors(run_cli("sync", cwd=work, env={**env, "SIDECAR_STOR": "x"}))  # typos still are
     assert list(errors) == ["SIDECAR_STOR"]
+    # a link's name with a value kubelet never writes (its <NAME>_PORT is tcp://<ip>:<port>): a typo
+    errors = config_errors(run_cli("sync", cwd=work, env={**env, "SIDECAR_HTTP_PORT": "9090"}))
+    assert list(errors) == ["SIDECAR_HTTP_PORT"]
 
 
 def test_one_setting_named_twice_in_different_cases_is_one_line(tmp_path):

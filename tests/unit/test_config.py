@@ -196,6 +196,33 @@ def test_kubelet_service_links_are_not_settings(tmp_path):
         assert unknown_variables({typo: "x"}) == [typo], typo
 
 
+@pytest.mark.parametrize("variable,value", [
+    ("SIDECAR_HTTP_PORT", "9090"),  # the likely typo (SIDECAR_HTTP_ADDR): kubelet's <NAME>_PORT is tcp://
+    ("SIDECAR_METRICS_PORT", "9100"), ("SIDECAR_PORT", "80"), ("SIDECAR_PORT", "http://10.0.0.7:80"),
+    ("SIDECAR_PORT", "tcp://host:80"), ("SIDECAR_PORT", "tcp://10.0.0.7"), ("SIDECAR_PORT", "tcp://10.0.0.7:0"),
+    ("SIDECAR_SERVICE_HOST", "sidecar.default.svc"), ("SIDECAR_SERVICE_HOST", "10.0.0.300"),
+    ("SIDECAR_SERVICE_PORT", "http"), ("SIDECAR_SERVICE_PORT_HTTP", "70000"), ("SIDECAR_SERVICE_PORT", ""),
+    ("SIDECAR_PORT_80_TCP", "tcp://10.0.0.7:81"), ("SIDECAR_PORT_80_TCP", "udp://10.0.0.7:80"),
+    ("SIDECAR_PORT_80_TCP_PROTO", "udp"), ("SIDECAR_PORT_80_TCP_PROTO", "TCP"), ("SIDECAR_PORT_80_TCP_PORT", "81"),
+    ("SIDECAR_PORT_80_TCP_ADDR", "/mnt/store"), ("SIDECAR_STORE_PORT", "/mnt/store"),
+])
+def test_a_service_link_name_with_a_value_kubelet_never_writes_is_a_typo(variable, value):
+    """The name alone let ``SIDECAR_HTTP_PORT=9090`` be silently ignored; the value decides."""
+    from sidecar.config import unknown_variables
+
+    assert unknown_variables({variable: value}) == [variable]
+
+
+def test_service_links_of_every_kubelet_shape_are_accepted_by_value():
+    from sidecar.config import is_service_link
+
+    links = {**SERVICE_LINKS, "SIDECAR_PORT_53_UDP": "udp://10.0.0.7:53", "SIDECAR_PORT_53_UDP_PROTO": "udp",
+             "SIDECAR_HTTP_PORT": "tcp://10.0.0.9:8080",  # a Service named sidecar-http
+             "SIDECAR_V6_SERVICE_HOST": "fd00::7", "SIDECAR_V6_PORT": "tcp://[fd00::7]:80",
+             "SIDECAR_V6_PORT_80_TCP_ADDR": "fd00::7"}
+    assert [k for k, v in links.items() if not is_service_link(k, v)] == []
+
+
 def test_no_setting_under_the_prefixes_foundry_reserves():
     from sidecar.config import RESERVED_PREFIXES, VARIABLES
 
