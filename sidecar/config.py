@@ -9,9 +9,10 @@ value is shown only where it cannot be a secret (never the store URL, which may 
 token), escaped and shortened.
 
 Rules beyond a field's type: an unknown ``SIDECAR_*`` variable is an error (a typo such as
-``SIDECAR_STOR`` would otherwise fall back to the default store silently), except the shapes of
-kubelet's service links (``SIDECAR_SERVICE_HOST``, ``SIDECAR_PORT_80_TCP``... for a Service named
-``sidecar``), which are the platform's and never a setting; two variables naming one setting in
+``SIDECAR_STOR`` would otherwise fall back to the default store silently), except kubelet's
+service links (``SIDECAR_SERVICE_HOST``, ``SIDECAR_PORT_80_TCP``... for a Service named
+``sidecar``), which are the platform's and never a setting: a name of such a shape whose value has
+the shape kubelet gives it (``SIDECAR_HTTP_PORT=9090``, not ``tcp://…``, is a typo); two variables naming one setting in
 different cases (``SIDECAR_STORE`` and ``sidecar_store``) are an error; so is an unset
 ``SIDECAR_STORE`` on a container platform, whose local disk goes with the container, and there a
 directory store that does not exist (:func:`check_store_volume`, when the store is opened).
@@ -51,6 +52,20 @@ RESERVED_PREFIXES = ("FOUNDRY_", "AGENT_")
 #: ``<NAME>_PORT[_<n>_<PROTO>[_PROTO|_PORT|_ADDR]]``. Matched as kubelet writes them (upper case).
 SERVICE_LINK = re.compile(r"[A-Z0-9_]+_SERVICE_HOST|[A-Z0-9_]+_SERVICE_PORT(?:_[A-Z0-9_]+)?"
                           r"|[A-Z0-9_]+_PORT(?:_[0-9]+_(?:TCP|UDP|SCTP)(?:_PROTO|_PORT|_ADDR)?)?")
+#: Each form of a service link's name and the shape kubelet gives its value: an IP address
+#: (``_SERVICE_HOST``, ``_ADDR``), a port number (``_SERVICE_PORT[_…]``, the nested ``_PORT``: the
+#: name's ``<n>``), ``<proto>://<ip>:<port>`` (``<NAME>_PORT``; ``<NAME>_PORT_<n>_<PROTO>``: that
+#: proto and port), the protocol (``_PROTO``: the name's, lower case).
+_LINK_FORMS = (
+    (re.compile(r"[A-Z0-9_]+_SERVICE_HOST"), "ip"),
+    (re.compile(r"[A-Z0-9_]+_SERVICE_PORT(?:_[A-Z0-9_]+)?"), "number"),
+    (re.compile(r"[A-Z0-9_]+_PORT"), "url"),
+    (re.compile(r"[A-Z0-9_]+_PORT_(?P<n>[0-9]+)_(?P<proto>TCP|UDP|SCTP)"), "url"),
+    (re.compile(r"[A-Z0-9_]+_PORT_(?P<n>[0-9]+)_(?P<proto>TCP|UDP|SCTP)_PROTO"), "proto"),
+    (re.compile(r"[A-Z0-9_]+_PORT_(?P<n>[0-9]+)_(?P<proto>TCP|UDP|SCTP)_PORT"), "number"),
+    (re.compile(r"[A-Z0-9_]+_PORT_(?P<n>[0-9]+)_(?P<proto>TCP|UDP|SCTP)_ADDR"), "ip"),
+)
+_LINK_URL = re.compile(r"(?P<proto>tcp|udp|sctp)://(?:\[(?P<ip6>[0-9A-Fa-f:.]+)\]|(?P<ip4>[0-9.]+)):(?P<port>[0-9]{1,5})")
 #: The longest value any setting takes (a store URL with a SAS token is well below it).
 MAX_VALUE_CHARS = 4096
 #: A duration beyond a year is a mistake (and overflows event-loop timers).
@@ -467,9 +482,42 @@ def platform_variable(env: Mapping[str, str] | None = None) -> str | None:
     return next((v for v in PLATFORM_VARIABLES if env.get(v)), None)
 
 
-def is_service_link(variable: str) -> bool:
-    """Whether ``variable`` has the shape of a kubelet service link (:data:`SERVICE_LINK`)."""
-    return SERVICE_LINK.fullmatch(variable) is not None
+def is_service_link(variable: str, value: str | None = None) -> bool:
+    """Whether ``variable`` has the shape of a kubelet service link (:data:`SERVICE_LINK`) and,
+    given its ``value``, that value the shape kubelet writes for that form of name
+    (:data:`_LINK_FORMS`): ``SIDECAR_HTTP_PORT=9090`` is a typo, not kubelet's ``tcp://…``."""
+    if SERVICE_LINK.fullmatch(variable) is None:
+        return False
+    return value is None or any(_link_value_fits(m, kind, value) for form, kind in _LINK_FORMS
+                                if (m := form.fullmatch(variable)) is not None)
+
+
+def _link_value_fits(name: re.Match[str], kind: str, value: str) -> bool:
+    groups = name.groupdict()
+    n, proto = groups.get("n"), (groups.get("proto") or "").lower()
+    if kind == "ip":
+        return _is_ip(value)
+    if kind == "number":
+        return _is_port(value) and (n is None or int(value) == int(n))
+    if kind == "proto":
+        return value == proto
+    m = _LINK_URL.fullmatch(value)
+    return (m is not None and _is_ip(m["ip6"] or m["ip4"]) and _is_port(m["port"])
+            and (not proto or (m["proto"] == proto and int(m["port"]) == int(n or 0))))
+
+
+def _is_ip(value: str) -> bool:
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _is_port(value: str) -> bool:
+    return re.fullmatch(r"[0-9]{1,5}", value) is not None and 0 < int(value) < 65536
 
 
 def unknown_variables(env: Mapping[str, str] | None = None) -> list[str]:
@@ -477,7 +525,7 @@ def unknown_variables(env: Mapping[str, str] | None = None) -> list[str]:
     service links (a Service named ``sidecar``...) are the platform's, not typos."""
     env = os.environ if env is None else env
     return sorted(k for k in env if k.upper().startswith(ENV_PREFIX) and k.upper() not in VARIABLES
-                  and not is_service_link(k))
+                  and not is_service_link(k, env[k]))
 
 
 def case_duplicates(env: Mapping[str, str] | None = None) -> dict[str, list[str]]:
@@ -568,16 +616,19 @@ def _one_per_duplicate(problems: list[str], twice: Mapping[str, list[str]]) -> l
     return [p for p in problems if p.split(": ", 1)[0] not in twice or any(p.startswith(o) for o in own)]
 
 
-def check_store_volume(settings: Settings, roots: list[Root], cwd: str | None = None) -> dict[str, str] | None:
+def check_store_volume(settings: Settings, roots: list[Root], cwd: str | None = None,
+                       container_root: str = "/") -> list[tuple[str, dict[str, str]]]:
     """On a container platform (:attr:`Settings.platform`) a directory store must be a mounted
     volume: one that does not exist is never created (it would be on the container's own disk,
     gone with it, and a restore from it would look like a first boot): ValueError, one line.
-    There a store on the same filesystem as a root is likely that disk too: the fields of one
-    warning. None otherwise, and off-platform, where a missing store is made when it is opened.
-    What cannot be inspected is left to the store's own open, which says what is wrong."""
+    There a store that exists yet lies on the container's own disk is a warning (an event and its
+    fields): on the filesystem of ``container_root`` (the root/overlay filesystem: the platform
+    did not mount the volume over the image's directory), ``store_on_container_disk``; on that of
+    a root, ``store_on_root_filesystem``. None off-platform, where a missing store is made when it
+    is opened. What cannot be inspected is left to the store's own open, which says what is wrong."""
     local = settings.store_url.local_path
     if settings.platform is None or local is None:
-        return None
+        return []
     path = os.path.normpath(os.path.join(cwd or os.getcwd(), local))
     try:
         store_dev = os.stat(path).st_dev
@@ -588,13 +639,20 @@ def check_store_volume(settings: Settings, roots: list[Root], cwd: str | None = 
             "on the container's own disk; mount the volume there or fix the path (SIDECAR_PREFIX names a "
             "directory inside it)") from None
     except OSError:
-        return None
+        return []
+    warnings: list[tuple[str, dict[str, str]]] = []
+    if _device_of(container_root) == store_dev:
+        warnings.append(("store_on_container_disk", {
+            "store": path, "platform": settings.platform,
+            "detail": "the directory store is on the container's own root filesystem, lost with the container: "
+                      "a mounted volume is expected there (was it mounted?)"}))
     shared = [r.path for r in roots if _device_of(r.path) == store_dev]
-    if not shared:
-        return None
-    return {"store": path, "roots": ",".join(shared), "platform": settings.platform,
+    if shared:
+        warnings.append(("store_on_root_filesystem", {
+            "store": path, "roots": ",".join(shared), "platform": settings.platform,
             "detail": "the directory store is on the same filesystem as the mirrored roots: on a container platform "
-                      "that is likely the compute's own disk, lost with it; mount a volume for SIDECAR_STORE"}
+                      "that is likely the compute's own disk, lost with it; mount a volume for SIDECAR_STORE"}))
+    return warnings
 
 
 def _device_of(path: str) -> int | None:

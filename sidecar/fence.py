@@ -45,7 +45,8 @@ marker; every other write goes through :class:`sidecar.writer.Writer`, which ask
   identity, or of none, is refused before it restores (:func:`check_identity`) and, should two
   start at once on an empty namespace, at its claim or its next proof: it never fences the
   owner's successors. A marker without an identity (written by an older release, with a fixed
-  prefix, or by :func:`hand_over`) is taken over by anyone.
+  prefix, or by :func:`hand_over`) is taken over by anyone; one that cannot be read (garbled,
+  too large) by no one: ``release`` rewrites it.
 
 A writer thus writes only within ``window`` seconds of proving it still owns the prefix, and a new
 owner waits ``window + margin`` after its claim before writing: time-based fencing as in lease
@@ -66,16 +67,21 @@ import anyio
 
 from sidecar import log
 from sidecar.namespace import describe_identity
-from sidecar.store.base import OWN_NAMESPACE, NotFound, ObjectInfo, ObjectMeta, Store, StoreError
+from sidecar.store.base import (  # noqa: F401 (the version constants are part of this module's interface)
+    MAX_FLOOR_GENERATION,
+    OWN_NAMESPACE,
+    VERSION_COUNTER_BITS,
+    NotFound,
+    ObjectInfo,
+    ObjectMeta,
+    Store,
+    StoreError,
+    sane_version,
+)
 
 OWNER_KEY = f"{OWN_NAMESPACE}/owner"
 
 
-#: Bits of a version below the generation: one sidecar's writes (2^40 of them).
-VERSION_COUNTER_BITS = 40
-#: A stored version whose generation is above this is malformed (not written by a sidecar: the
-#: generations of versions below 2^63 would run out) and does not raise a claim's generation.
-MAX_FLOOR_GENERATION = 2**22
 
 
 class Fenced(Exception):
@@ -89,11 +95,18 @@ class IdentityConflict(Exception):
 def conflict(marker: dict, identity: dict[str, str], namespace: str) -> str | None:
     """Why a sidecar of ``identity`` must not use the namespace whose owner marker is ``marker``;
     None when it may (the same identity, or a marker that records none). A sidecar without an
-    identity never takes a namespace whose marker records one."""
+    identity never takes a namespace whose marker records one, and none takes one whose marker
+    it cannot read (it may record another identity)."""
+    where = namespace or "(top of the store)"
+    if isinstance(marker, dict) and marker.get(UNREADABLE):
+        key = f"{namespace}/{OWNER_KEY}" if namespace else OWNER_KEY
+        return (f"the owner marker {key!r} of the store namespace {where!r} cannot be read ({marker[UNREADABLE]}): "
+                "whose namespace it is cannot be told, so this sidecar does not take it over. Look at it; if "
+                "no other session owns the namespace, hand it over (this rewrites the marker): "
+                f"SIDECAR_PREFIX={namespace!r} SIDECAR_SESSION_NAMESPACE=off checkpoint-sidecar release")
     theirs = marker_identity(marker)
     if not theirs or theirs == identity:
         return None
-    where = namespace or "(top of the store)"
     if not identity:
         return (f"the store namespace {where!r} belongs to {describe_identity(theirs)}, and this sidecar has no "
                 "identity (no session id, and SIDECAR_PREFIX refers to no variable): it must not take over a "
@@ -116,12 +129,36 @@ def marker_identity(marker: dict) -> dict[str, str]:
 
 #: The marker's field read_marker adds: the version the store holds the marker at (0: none).
 STORED_VERSION = "_stored_version"
+#: The field read_marker sets instead of the marker's own when it cannot read them: why.
+UNREADABLE = "_unreadable"
+#: A marker is a few hundred bytes; one larger than this is not one of ours and is not read.
+MAX_MARKER_BYTES = 64 * 1024
+
+
+async def _marker_bytes(store: Store) -> tuple[bytes | None, ObjectInfo]:
+    """The marker's bytes (None when larger than :data:`MAX_MARKER_BYTES`: never read whole) and
+    the marker as the store holds it; :class:`NotFound` when there is none."""
+    info, chunks = await store.get_stream(OWNER_KEY)
+    data = bytearray()
+    try:
+        if info.size <= MAX_MARKER_BYTES:
+            async for chunk in chunks:
+                data += chunk
+                if len(data) > MAX_MARKER_BYTES:
+                    break
+    finally:
+        close = getattr(chunks, "aclose", None)
+        if close is not None:
+            await close()
+    fits = info.size <= MAX_MARKER_BYTES and len(data) <= MAX_MARKER_BYTES
+    return (bytes(data) if fits else None), info
 
 
 async def read_marker(store: Store) -> dict:
     """The owner marker's fields, plus :data:`STORED_VERSION`; {} when there is none. A marker
-    that is not a JSON object (garbled, or written by something else) reads as no fields but its
-    stored version, so a claim still lands above it."""
+    that cannot be read as one (larger than :data:`MAX_MARKER_BYTES`, not a JSON object, nested
+    too deep) has no fields but its stored version and :data:`UNREADABLE`: whose namespace it is
+    cannot be told, so no claim takes it over (:func:`conflict`); ``release`` rewrites it."""
     return (await read_marker_info(store))[0]
 
 
@@ -129,17 +166,19 @@ async def read_marker_info(store: Store) -> tuple[dict, ObjectInfo | None]:
     """:func:`read_marker`'s fields and the marker as the store holds it (None: there is none),
     which the next write of the marker passes as ``expected`` (``Store.put``)."""
     try:
-        data, info = await store.get(OWNER_KEY)
+        data, info = await _marker_bytes(store)
     except NotFound:
         return {}, None
-    try:
-        value = json.loads(data)
-    except ValueError:
-        value = None
+    value: object = None
+    why = f"larger than {MAX_MARKER_BYTES // 1024} KiB"
+    if data is not None:
+        why = "not a JSON object"
+        try:
+            value = json.loads(data)
+        except (ValueError, RecursionError):
+            value = None
     if not isinstance(value, dict):
-        log.warning("owner_marker_unreadable", detail="the namespace's owner marker is not a JSON object: "
-                    "claimed over (the store's version of it still orders the claim)")
-        value = {}
+        return {STORED_VERSION: info.version, UNREADABLE: why}, info
     value[STORED_VERSION] = info.version
     return value, info
 
@@ -154,9 +193,9 @@ async def check_identity(store: Store, identity: dict[str, str], namespace: str)
 
 def counted_version(version: int) -> int:
     """A stored version as it counts towards a claim's floor: itself, or 0 when its generation is
-    above :data:`MAX_FLOOR_GENERATION` (no sidecar wrote it; that object is never replaced, and
-    says so as ``file_older_than_stored``)."""
-    return version if 0 <= version >> VERSION_COUNTER_BITS <= MAX_FLOOR_GENERATION else 0
+    above :data:`MAX_FLOOR_GENERATION` (no sidecar wrote it; a put replaces that object as if it
+    had no version: ``store.base.supersedes``)."""
+    return version if sane_version(version) else 0
 
 
 def floor_stamp(floor: int) -> int:
@@ -199,13 +238,16 @@ async def hand_over(store: Store, attempts: int = 5) -> Handover | None:
     fenced at its next proof. Its heartbeat stays non-zero unless the owner had released the
     namespace, so the next claim still waits out that owner's write window. None when there is no
     marker: nothing to hand over. A compare-and-swap on the marker as read, tried again when a
-    claim lands in between."""
+    claim lands in between. Like a claim, the stamp is above every version stored in the
+    namespace (one listing), not only above the marker's: a rolled-back or copied marker must not
+    leave the handed-over generation below a live owner's."""
+    floor = floor_stamp(await stored_max_version(store))
     for _ in range(attempts):
         current, marker = await read_marker_info(store)
         if not current:
             return None
-        seen = _stamp(current.get(STORED_VERSION))
-        stamp = next_stamp(max(_stamp(current.get("generation")), seen))
+        seen = current.get(STORED_VERSION, 0)  # as stored: the swap compares it, even out of range
+        stamp = next_stamp(max(_stamp(current.get("generation")), _stamp(seen), floor))
         held = not ("heartbeat" in current and _number(current["heartbeat"], float) == 0)
         body = json.dumps({"generation": stamp, "owner": HANDED_OVER, "heartbeat": time.time() if held else 0}).encode()
         info = await store.put(OWNER_KEY, body, ObjectMeta.of(body, stamp, 0o600, version=stamp), if_version=seen,
@@ -305,7 +347,7 @@ class Fence:
         stamp = next_stamp(max(marked, lifted))
         sent = self.clock()
         # a compare-and-swap on the marker as read: of two claims from one read, one lands
-        if not await self._write(stamp, if_version=_stamp(current.get(STORED_VERSION))):
+        if not await self._write(stamp, if_version=current.get(STORED_VERSION, 0)):  # as stored
             self.fenced = (conflict(await self._read(), self.identity, self.namespace)
                            or "another sidecar claimed this store prefix at the same moment")
             self._claimed.set()

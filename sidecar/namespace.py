@@ -16,9 +16,10 @@ Where the platform names the session, the session is always part of the identity
 ``auto`` always a segment of the namespace: a template none of whose values is the session id
 (``agents/{FOUNDRY_AGENT_NAME}``) gets ``/<session>`` appended, and the session id joins its
 identity (with ``off`` too, so a second session is refused rather than sharing the state).
-A template never refers to a credential (a name holding KEY, SECRET, PASSWORD, TOKEN,
-CONNECTION_STRING, SAS...; ``SIDECAR_STORE``, whose URL may carry a SAS token): its value would
-become a store name, a log line and the owner marker.
+A template never refers to a credential (a name holding KEY, SECRET, PASS, TOKEN, CRED, AUTH,
+SAS, PROXY or CONNECTION_STRING anywhere; ``SIDECAR_STORE``, whose URL may carry a SAS token;
+``IDENTITY_HEADER``, ``MSI_SECRET``): its value would become a store name, a log line and the owner
+marker. An error about a value names the variable and what is wrong, never the value.
 
 The owner marker records the identity (see :mod:`sidecar.fence`): a compute of another identity
 never restores from a namespace nor fences its owner. Every value is checked to be one plain name
@@ -41,10 +42,16 @@ MAX_SEGMENT = 128
 
 _REFERENCE = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _SAFE_VALUE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._~=@+-]*")  # fullmatch: no trailing newline
-#: A variable whose value may be a secret, by its name (any case).
-_CREDENTIAL = re.compile(r"KEY|SECRET|PASSWORD|PASSWD|TOKEN|CREDENTIAL|CONNECTION_?STRING|(?:^|_)SAS(?:_|$)", re.I)
-#: Named by no such word, yet a secret: the store URL may carry a SAS token.
-_SECRET_VARIABLES = frozenset({"SIDECAR_STORE"})
+#: A variable whose value may be a secret, by its name (any case, anywhere in the name): a proxy
+#: URL may carry a user and password.
+_CREDENTIAL = re.compile(r"KEY|SECRET|PASS|TOKEN|CRED|AUTH|SAS|PROXY|CONNECTION_?STRING", re.I)
+#: Named by no such word, yet secrets: the store URL may carry a SAS token, and the managed
+#: identity endpoint's header is its secret.
+_SECRET_VARIABLES = {"SIDECAR_STORE": "a store URL, which may carry a SAS token",
+                     "IDENTITY_HEADER": "the managed identity endpoint's secret header",
+                     "MSI_SECRET": "the managed identity endpoint's secret"}
+#: A URL with a user (and password) before its host: ``scheme://user:pass@host``.
+_USERINFO = re.compile(r"://[^/?#]*@")
 _SAFE_TEXT = "letters, digits and . _ ~ = @ + -, not starting with '.'"
 
 
@@ -102,7 +109,7 @@ def _check_no_braces(template: str, start: int, end: int) -> None:
 def credential_word(name: str) -> str | None:
     """What makes the variable ``name`` a credential (``KEY``, ``SECRET``...), None when nothing does."""
     if name.upper() in _SECRET_VARIABLES:
-        return "a store URL, which may carry a SAS token"
+        return _SECRET_VARIABLES[name.upper()]
     m = _CREDENTIAL.search(name)
     return f"'{m.group(0).strip('_').upper()}' in its name" if m else None
 
@@ -124,8 +131,9 @@ def check_template(template: str) -> str:
         # '.checkpoints' or '.sidecar' as a segment would reach another namespace's roots or the
         # sidecar's own objects
         raise NamespaceError("a segment must not start with '.' (root and sidecar names do)")
-    if any(ord(c) < 0x20 or c == "\x7f" for c in static):
-        raise NamespaceError("must not contain control characters")
+    if not static.isprintable():  # control, format (bidi) and line/paragraph separator characters
+        raise NamespaceError("must not contain control, format or separator characters (newline, U+2028, "
+                             "U+202E...)")
     if len(template.encode("utf-8", "surrogateescape")) > MAX_NAMESPACE_BYTES:
         raise NamespaceError(f"longer than {MAX_NAMESPACE_BYTES} bytes")
     return template
@@ -136,11 +144,30 @@ def _value(env: Mapping[str, str], name: str, referenced: bool = True) -> str:
     where = "SIDECAR_PREFIX" if referenced else name
     if not value:
         raise NamespaceError(f"refers to {{{name}}}, which is unset or empty: set it, or remove the reference")
-    if len(value) > MAX_SEGMENT or not _SAFE_VALUE.fullmatch(value):
-        shown = value[:40].encode("unicode_escape").decode("ascii")
-        raise NamespaceError(f"{name}={shown!r}{'...' if len(value) > 40 else ''} is not a safe name segment "
-                             f"({_SAFE_TEXT}; at most {MAX_SEGMENT} characters)", where)
+    why = unsafe_value(value)
+    if why:  # the value itself is never shown: it may be a secret (a URL with a password...)
+        raise NamespaceError(f"the value of {name} is not a safe name segment: {why} ({_SAFE_TEXT}; "
+                             f"at most {MAX_SEGMENT} characters)", where)
     return value
+
+
+def unsafe_value(value: str) -> str | None:
+    """Why ``value`` cannot be a name segment, in words that never quote it; None when it can."""
+    if _USERINFO.search(value):
+        return "it is a URL with a user name or password"
+    if "://" in value:
+        return "it is a URL"
+    if len(value) > MAX_SEGMENT:
+        return f"it is {len(value)} characters long"
+    if value.startswith("."):
+        return "it starts with '.'"
+    bad = next((i for i, c in enumerate(value) if not _SAFE_VALUE.fullmatch(("x" + c) if i else c)), None)
+    if bad is not None:
+        c = value[bad]
+        kind = ("a control, format or separator character" if not c.isprintable() else
+                "a space" if c.isspace() else "a character outside that set")
+        return f"character {bad + 1} is {kind}"
+    return None
 
 
 def resolve(template: str, env: Mapping[str, str], session_namespace: str = "auto") -> Namespace:

@@ -13,6 +13,7 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
+from sidecar import log
 from sidecar.config import Settings
 from sidecar.errors import EXIT_FAIL, EXIT_OK, fail
 from sidecar.listing import list_store
@@ -74,7 +75,7 @@ async def report(settings: Settings, roots: list[Root], store: Store) -> dict[st
 def render(rep: dict[str, Any], namespace: str = "") -> str:
     """The text form: a line per root, then up to :data:`SHOWN` names of each kind, every name
     escaped (a file name cannot forge a line)."""
-    lines = [f"store: {rep['store']}" + (f" (namespace {namespace})" if namespace else "")]
+    lines = [f"store: {_escaped(rep['store'])}" + (f" (namespace {_escaped(namespace)})" if namespace else "")]
     for name, r in rep["roots"].items():
         counts = [f"{r['in_sync']} in sync", f"{len(r['pending_upload'])} pending upload",
                   f"{len(r['missing_locally'])} missing locally"]
@@ -88,5 +89,6 @@ def render(rep: dict[str, Any], namespace: str = "") -> str:
 
 
 def _escaped(text: str) -> str:
-    """``text`` with control characters and undecodable bytes as escapes: one line, always."""
-    return json.dumps(text, ensure_ascii=False)[1:-1] if not text.isprintable() else text
+    """``text`` with control, format and separator characters and undecodable bytes as escapes
+    (:func:`sidecar.log.printable`): one line, always."""
+    return log.printable(text)

@@ -17,16 +17,17 @@ def open_store(settings: Settings, read_only: bool = False, roots: list[Root] | 
     """The store client for ``settings``; raises :class:`~sidecar.errors.StoreConfigError` when
     its URL or credentials cannot be used, or when on a container platform it is a directory that
     does not exist (:func:`~sidecar.config.check_store_volume`: checked before anything can make it;
-    one on the filesystem of ``roots`` is a warning). Nothing is sent to the store yet."""
+    one on the container's own disk or on the filesystem of ``roots`` is a warning). Nothing is sent
+    to the store yet."""
     from sidecar.config import check_store_volume
     from sidecar.store import make_store
 
     try:
-        same_disk = check_store_volume(settings, roots or [])
+        on_local_disk = check_store_volume(settings, roots or [])
         store = make_store(settings.store_url, settings.namespace.path, read_only=read_only,
                            concurrency=settings.concurrency)
     except ValueError as e:
         raise StoreConfigError(str(e)) from None
-    if same_disk:
-        log.warning("store_on_root_filesystem", None, **same_disk)
+    for event, fields in on_local_disk:
+        log.warning(event, None, **fields)
     return store

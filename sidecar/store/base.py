@@ -13,6 +13,8 @@ import hashlib
 from dataclasses import dataclass
 from typing import AsyncIterator, Iterator, Protocol, runtime_checkable
 
+from sidecar import log
+
 #: Chunk size of streamed reads and writes (objects too large to hold whole: see ``Source``).
 CHUNK_BYTES = 4 * 1024 * 1024
 
@@ -20,6 +22,41 @@ CHUNK_BYTES = 4 * 1024 * 1024
 #: Keys of the sidecar's own objects (owner marker, snapshot bundles) begin with this segment;
 #: no root may be called like it (``paths.RESERVED_NAMES``).
 OWN_NAMESPACE = ".sidecar"
+
+
+#: Bits of a version below the generation: one sidecar's writes (2^40 of them).
+VERSION_COUNTER_BITS = 40
+#: A stored version whose generation is above this is malformed: no sidecar wrote it (the
+#: generations of versions below 2^63 would run out). It neither raises a claim's generation
+#: (``fence.counted_version``) nor keeps a key from being replaced (:func:`supersedes`).
+MAX_FLOOR_GENERATION = 2**22
+
+
+def sane_version(version: int) -> bool:
+    """Whether a sidecar could have written ``version`` (its generation is in range)."""
+    return version >= 0 and version >> VERSION_COUNTER_BITS <= MAX_FLOOR_GENERATION
+
+
+#: Keys already warned about by :func:`supersedes` (bounded: a warning per key, for the first ones).
+_WARNED: set[str] = set()
+_MAX_WARNED = 1024
+
+
+def supersedes(stored: "ObjectInfo", version: int) -> bool:
+    """The supersede rule of :meth:`Store.put`, shared by every backend: whether the stored object
+    must not be replaced by a write at ``version`` (its version is higher). A stored version no
+    sidecar could have written (:func:`sane_version`: set by hand, blob metadata anyone with write
+    access may change) counts as none, so it never freezes its key; a warning names the key once."""
+    if stored.version <= version:
+        return False
+    if sane_version(stored.version):
+        return True
+    if stored.key not in _WARNED and len(_WARNED) < _MAX_WARNED:
+        _WARNED.add(stored.key)
+        log.warning("stored_version_malformed", key=log.printable(stored.key), version=stored.version,
+                    detail="the stored object's version is out of the range a sidecar writes (set by something "
+                           "else): it is replaced as if it had none")
+    return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,10 +144,11 @@ class Store(Protocol):
         With ``if_version``, write only if the stored object is at exactly that version (0: none
         stored): a compare-and-swap, for the owner marker; otherwise the stored info is returned.
 
-        Supersede rule: when the stored object's ``version`` is higher than ``meta.version``,
-        nothing is written and the stored object's info is returned (``info.version`` tells the
-        caller): an older upload never replaces a newer one, whichever finishes last. The check
-        and the write are one atomic step (a conditional write, or a lock).
+        Supersede rule (:func:`supersedes`): when the stored object's ``version`` is higher than
+        ``meta.version`` (and one a sidecar could have written), nothing is written and the
+        stored object's info is returned (``info.version`` tells the caller): an older upload
+        never replaces a newer one, whichever finishes last. The check and the write are one
+        atomic step (a conditional write, or a lock).
 
         ``expected``: what the caller believes the store holds under ``key``, the
         :class:`ObjectInfo` a list, get or put of this backend last returned for it (None: absent,

@@ -64,7 +64,17 @@ import anyio.to_thread
 
 from sidecar import log
 from sidecar.paths import UnsafeKey, check_local_path, validate_relpath
-from sidecar.store.base import CHUNK_BYTES, OWN_NAMESPACE, NotFound, ObjectInfo, ObjectMeta, Source, StoreError, StoreFull
+from sidecar.store.base import (
+    CHUNK_BYTES,
+    OWN_NAMESPACE,
+    NotFound,
+    ObjectInfo,
+    ObjectMeta,
+    Source,
+    StoreError,
+    StoreFull,
+    supersedes,
+)
 
 META_DIR = ".sidecar-meta"
 TMP_PREFIX = ".sidecar-tmp-"
@@ -608,7 +618,7 @@ class DirectoryStore:
         else:
             # A stale upload never replaces a newer version.
             current = self._info(key, st, self._record(parts))
-            if current.version > meta.version or (if_version is not None and current.version != if_version):
+            if supersedes(current, meta.version) or (if_version is not None and current.version != if_version):
                 return False, current
         # the old record must not outlive its bytes (see the module's docstring)
         _remove_durably(meta_path, self.base)

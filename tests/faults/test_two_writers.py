@@ -92,11 +92,11 @@ def test_losing_a_simultaneous_claim_fences_us_before_any_write(tmp_path):
     class RacedStore(type(store)):
         """Shows our claim the marker as it was just before another sidecar claimed the same generation."""
 
-        async def get(self, key):
+        async def get_stream(self, key):  # the marker is read as a stream
             if key == OWNER_KEY:
                 from sidecar.store.base import NotFound
                 raise NotFound(key)
-            return await super().get(key)
+            return await super().get_stream(key)
 
     store.__class__ = RacedStore
 
@@ -135,10 +135,10 @@ def _recording_store(path, slow_owner_read: float = 0.0, refuse_owner_write: boo
     class Recording(DirectoryStore):
         writes: list[str] = []
 
-        async def get(self, key):
+        async def get_stream(self, key):  # the marker is read as a stream
             if key == OWNER_KEY and slow_owner_read:
                 await anyio.sleep(slow_owner_read)
-            return await super().get(key)
+            return await super().get_stream(key)
 
         async def put(self, key, data, meta, **conditions):
             if key == OWNER_KEY and refuse_owner_write:
@@ -243,13 +243,13 @@ def test_two_claims_of_the_same_generation_leave_exactly_one_owner(tmp_path):
             self.readers = 0
             self.both = anyio.Event()
 
-        async def get(self, key):
+        async def get_stream(self, key):  # the marker is read as a stream
             if key == OWNER_KEY:
                 self.readers += 1
                 if self.readers == 2:
                     self.both.set()
                 await self.both.wait()
-            return await super().get(key)
+            return await super().get_stream(key)
 
     async def one_round(n: int) -> list[str]:
         store = BothReadFirst(str(tmp_path / f"store{n}"))
@@ -338,9 +338,10 @@ def test_a_snapshot_commit_stops_at_the_first_write_after_it_is_fenced(tmp_path)
 
 
 @pytest.mark.parametrize("garbage", [b"garbage{", b"[1, 2]", b""])
-def test_a_garbled_owner_marker_is_claimed_over_not_fenced_for_ever(tmp_path, garbage):
-    """The marker's bytes replaced by something that is no JSON object: the next sidecar claims
-    above the version the store holds it at, waits out a possible owner's window, and mirrors."""
+def test_a_garbled_owner_marker_is_refused_until_released_never_fenced_for_ever(tmp_path, garbage):
+    """The marker's bytes replaced by something that is no JSON object: whose namespace it is
+    cannot be told, so the next sidecar refuses it (one line, exit 2); once ``release`` rewrites
+    it, a sidecar claims above the version the store holds it at and mirrors."""
     from support import Sidecar, run_cli, sidecar_env
 
     env = sidecar_env(SIDECAR_STORE=str(tmp_path / "store"))
@@ -349,6 +350,9 @@ def test_a_garbled_owner_marker_is_claimed_over_not_fenced_for_ever(tmp_path, ga
         write_atomic(work / ".checkpoints" / f"c{n}.json", b"x")
         assert run_cli("run", "--", "true", cwd=work, env=env).returncode == 0
     (tmp_path / "store" / ".sidecar" / "owner").write_bytes(garbage)
+    r = run_cli("sync", cwd=work, env=env)
+    assert r.returncode == 2 and "'.sidecar/owner'" in r.stderr and "cannot be read" in r.stderr, r.stderr
+    assert run_cli("release", cwd=work, env=env).returncode == 0
     sc = Sidecar(work, "sync", env=env)
     sc.wait_event("ready")
     write_atomic(work / ".checkpoints" / "after.json", b"mirrored")

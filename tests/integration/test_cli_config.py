@@ -167,6 +167,26 @@ def test_off_a_platform_a_missing_store_is_made_and_on_one_a_mounted_store_warns
     assert warned[0]["roots"] == f"{work / '.checkpoints'},{work / '.function_approvals'}"
 
 
+def test_on_a_platform_a_store_on_the_containers_own_disk_warns(tmp_path):
+    """The image's mkdir'd mount point, not mounted over: the same filesystem as ``/``."""
+    import os
+
+    if os.stat("/").st_dev != os.stat(tmp_path).st_dev:
+        pytest.skip("the test directory is not on the root filesystem")
+    work = tmp_path / "work"
+    (work / ".checkpoints").mkdir(parents=True)
+    (tmp_path / "store").mkdir()
+    env = env_for(tmp_path, KUBERNETES_SERVICE_HOST="10.0.0.1")
+    for command in ("restore", "status"):
+        r = run_cli(command, cwd=work, env=env, timeout=60)
+        assert r.returncode == 0, r.stderr
+        warned = [e for e in json_lines(r.stderr) if e.get("event") == "store_on_container_disk"]
+        assert len(warned) == 1 and warned[0]["store"] == str(tmp_path / "store"), r.stderr
+        assert "a mounted volume is expected" in warned[0]["detail"]
+    r = run_cli("restore", cwd=work, env=env_for(tmp_path), timeout=60)  # off a platform: no warning
+    assert r.returncode == 0 and "store_on_container_disk" not in r.stderr, r.stderr
+
+
 def test_kubelet_service_links_never_fail_the_start(tmp_path):
     """A Service named ``sidecar`` in the namespace puts SIDECAR_SERVICE_HOST, SIDECAR_PORT... into
     every container (enableServiceLinks defaults to true): each one is the platform's."""
@@ -182,6 +202,9 @@ def test_kubelet_service_links_never_fail_the_start(tmp_path):
     assert (work / "child-ran").exists()
     errors = config_errors(run_cli("sync", cwd=work, env={**env, "SIDECAR_STOR": "x"}))  # typos still are
     assert list(errors) == ["SIDECAR_STOR"]
+    # a link's name with a value kubelet never writes (its <NAME>_PORT is tcp://<ip>:<port>): a typo
+    errors = config_errors(run_cli("sync", cwd=work, env={**env, "SIDECAR_HTTP_PORT": "9090"}))
+    assert list(errors) == ["SIDECAR_HTTP_PORT"]
 
 
 def test_one_setting_named_twice_in_different_cases_is_one_line(tmp_path):

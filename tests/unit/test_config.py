@@ -196,6 +196,33 @@ def test_kubelet_service_links_are_not_settings(tmp_path):
         assert unknown_variables({typo: "x"}) == [typo], typo
 
 
+@pytest.mark.parametrize("variable,value", [
+    ("SIDECAR_HTTP_PORT", "9090"),  # the likely typo (SIDECAR_HTTP_ADDR): kubelet's <NAME>_PORT is tcp://
+    ("SIDECAR_METRICS_PORT", "9100"), ("SIDECAR_PORT", "80"), ("SIDECAR_PORT", "http://10.0.0.7:80"),
+    ("SIDECAR_PORT", "tcp://host:80"), ("SIDECAR_PORT", "tcp://10.0.0.7"), ("SIDECAR_PORT", "tcp://10.0.0.7:0"),
+    ("SIDECAR_SERVICE_HOST", "sidecar.default.svc"), ("SIDECAR_SERVICE_HOST", "10.0.0.300"),
+    ("SIDECAR_SERVICE_PORT", "http"), ("SIDECAR_SERVICE_PORT_HTTP", "70000"), ("SIDECAR_SERVICE_PORT", ""),
+    ("SIDECAR_PORT_80_TCP", "tcp://10.0.0.7:81"), ("SIDECAR_PORT_80_TCP", "udp://10.0.0.7:80"),
+    ("SIDECAR_PORT_80_TCP_PROTO", "udp"), ("SIDECAR_PORT_80_TCP_PROTO", "TCP"), ("SIDECAR_PORT_80_TCP_PORT", "81"),
+    ("SIDECAR_PORT_80_TCP_ADDR", "/mnt/store"), ("SIDECAR_STORE_PORT", "/mnt/store"),
+])
+def test_a_service_link_name_with_a_value_kubelet_never_writes_is_a_typo(variable, value):
+    """The name alone let ``SIDECAR_HTTP_PORT=9090`` be silently ignored; the value decides."""
+    from sidecar.config import unknown_variables
+
+    assert unknown_variables({variable: value}) == [variable]
+
+
+def test_service_links_of_every_kubelet_shape_are_accepted_by_value():
+    from sidecar.config import is_service_link
+
+    links = {**SERVICE_LINKS, "SIDECAR_PORT_53_UDP": "udp://10.0.0.7:53", "SIDECAR_PORT_53_UDP_PROTO": "udp",
+             "SIDECAR_HTTP_PORT": "tcp://10.0.0.9:8080",  # a Service named sidecar-http
+             "SIDECAR_V6_SERVICE_HOST": "fd00::7", "SIDECAR_V6_PORT": "tcp://[fd00::7]:80",
+             "SIDECAR_V6_PORT_80_TCP_ADDR": "fd00::7"}
+    assert [k for k, v in links.items() if not is_service_link(k, v)] == []
+
+
 def test_no_setting_under_the_prefixes_foundry_reserves():
     from sidecar.config import RESERVED_PREFIXES, VARIABLES
 
@@ -249,10 +276,10 @@ def test_off_platform_or_azure_the_store_is_not_checked(tmp_path):
     from sidecar.config import check_store_volume
 
     settings, roots = _settings(tmp_path, tmp_path / "missing")
-    assert settings.platform is None and check_store_volume(settings, roots) is None
+    assert settings.platform is None and check_store_volume(settings, roots) == []
     settings, roots = load({}, cwd=str(tmp_path), env={
         "SIDECAR_STORE": "https://acct.blob.core.windows.net/ckpt", "KUBERNETES_SERVICE_HOST": "10.0.0.1"})
-    assert check_store_volume(settings, roots) is None
+    assert check_store_volume(settings, roots) == []
 
 
 def test_a_store_on_the_roots_filesystem_on_a_platform_is_a_warning(tmp_path):
@@ -264,9 +291,34 @@ def test_a_store_on_the_roots_filesystem_on_a_platform_is_a_warning(tmp_path):
     store = tmp_path / "store"
     store.mkdir()
     settings, roots = _settings(tmp_path, store, KUBERNETES_SERVICE_HOST="10.0.0.1")
-    warning = check_store_volume(settings, roots)  # the roots do not exist yet: their parent counts
-    assert warning and warning["store"] == str(store) and warning["platform"] == "KUBERNETES_SERVICE_HOST"
+    # the roots do not exist yet: their parent counts
+    warnings = dict(check_store_volume(settings, roots, container_root="/proc"))
+    warning = warnings["store_on_root_filesystem"]
+    assert warning["store"] == str(store) and warning["platform"] == "KUBERNETES_SERVICE_HOST"
     assert warning["roots"] == ",".join(r.path for r in roots)
+    assert "store_on_container_disk" not in warnings  # /proc: not the store's filesystem
     if os.stat("/proc").st_dev != os.stat(tmp_path).st_dev:  # another filesystem: no warning
         settings, roots = _settings(tmp_path, "/proc", KUBERNETES_SERVICE_HOST="10.0.0.1")
-        assert check_store_volume(settings, roots) is None
+        assert check_store_volume(settings, roots, container_root=str(tmp_path)) == []
+
+
+def test_a_store_on_the_containers_own_filesystem_on_a_platform_is_a_warning(tmp_path):
+    """A store that exists (an image's mkdir'd mount point) on the container's root filesystem,
+    with the roots elsewhere: the platform did not mount the volume. One warning, not an error."""
+    import os
+
+    from sidecar.config import check_store_volume
+
+    other = "/proc"  # another filesystem than the store's, for the roots
+    if os.stat(other).st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("/proc is on the test directory's filesystem")
+    store = tmp_path / "mnt" / "durable"
+    store.mkdir(parents=True)
+    settings, _ = _settings(tmp_path, store, KUBERNETES_SERVICE_HOST="10.0.0.1")
+    roots: list = []  # none on the store's filesystem: only the container's disk counts
+    [(event, fields)] = check_store_volume(settings, roots, container_root=str(tmp_path))
+    assert event == "store_on_container_disk" and fields["store"] == str(store)
+    assert "a mounted volume is expected" in fields["detail"] and "\n" not in fields["detail"]
+    assert check_store_volume(settings, roots, container_root=other) == []  # the volume is mounted
+    settings, _ = _settings(tmp_path, store)  # off a platform: no check
+    assert check_store_volume(settings, roots, container_root=str(tmp_path)) == []

@@ -6,7 +6,7 @@ import pytest
 
 from sidecar.config import ConfigError, load
 from sidecar.fence import conflict, marker_identity
-from sidecar.namespace import Namespace, NamespaceError, references, resolve
+from sidecar.namespace import Namespace, NamespaceError, check_template, references, resolve
 
 FOUNDRY = {"FOUNDRY_AGENT_NAME": "approvals", "FOUNDRY_AGENT_SESSION_ID": "sess-1"}
 
@@ -159,3 +159,49 @@ def test_a_fixed_segment_never_names_a_root_or_the_sidecars_own(template):
     on 'team' would reconcile (and delete) them."""
     with pytest.raises(NamespaceError, match="must not start with '.'"):
         resolve(template, {"POD_NAME": "p"})
+
+
+@pytest.mark.parametrize("name", ["IDENTITY_HEADER", "MSI_SECRET", "HTTPS_PROXY", "http_proxy", "ALL_PROXY",
+                                  "NO_PROXY", "PROXYURL", "AZURE_STORAGE_SASURL", "SASURL", "BASIC_AUTH",
+                                  "AUTHORIZATION", "DB_PASS", "PASSPHRASE", "MY_CREDS", "CREDS"])
+def test_more_secret_names_are_refused_by_name(name):
+    """The managed identity's header secret was accepted; a proxy URL carries a user and password."""
+    env = {name: "bob:Hunter2pass", "POD_NAME": "p"}
+    with pytest.raises(NamespaceError, match=r"a credential") as e:
+        resolve(f"agents/{{{name}}}", env)
+    assert "Hunter2" not in str(e.value)
+
+
+@pytest.mark.parametrize("value", ["http://bob:Hunter2pass@proxy:3128", "postgres://bob:Hunter2pass@db/app",
+                                   "bob:Hunter2pass", "Hunter2pass\n", "x/Hunter2pass", "Hunter2pass" * 20])
+def test_an_error_about_a_value_never_shows_the_value(value):
+    """``{DATABASE_URL}`` and ``{HTTPS_PROXY}`` echoed the password in the error."""
+    with pytest.raises(NamespaceError, match="the value of DATABASE_URL is not a safe name segment") as e:
+        resolve("agents/{DATABASE_URL}", {"DATABASE_URL": value})
+    assert "Hunter2" not in str(e.value) and "bob" not in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(ConfigError) as c:
+        load({"store": "/mnt/store"}, env={"SIDECAR_PREFIX": "x/{DATABASE_URL}", "DATABASE_URL": value})
+    assert "Hunter2" not in "\n".join(c.value.problems)
+
+
+def test_a_url_with_userinfo_says_so_and_an_id_error_is_escaped_once():
+    with pytest.raises(NamespaceError, match="it is a URL with a user name or password"):
+        resolve("{UPSTREAM}", {"UPSTREAM": "https://u:p@host/x"})
+    with pytest.raises(NamespaceError) as e:
+        resolve("", {"FOUNDRY_AGENT_SESSION_ID": "s1\n"})
+    assert "\\" not in str(e.value) and "character 3 is a control" in str(e.value)
+
+
+@pytest.mark.parametrize("char", ["\u0085", "\u2028", "\u2029", "\u202e", "\u200b", "\x1b", "\ufeff"])
+def test_a_static_prefix_with_a_format_or_separator_character_is_refused(char):
+    with pytest.raises(NamespaceError, match="control, format or separator"):
+        check_template(f"agents{char}x/{{POD_NAME}}")
+    with pytest.raises(ConfigError):
+        load({"store": "/mnt/store"}, env={"SIDECAR_PREFIX": f"agents/a{char}b"})
+
+
+def test_status_prints_a_namespace_through_the_one_escaper():
+    from sidecar.status import render
+
+    text = render({"store": "directory store /s\u2028x", "roots": {}, "in_sync": True}, "a\u202eb\nc")
+    assert text.splitlines()[0] == "store: directory store /s\\u2028x (namespace a\\u202eb\\nc)"

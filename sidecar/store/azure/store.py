@@ -39,7 +39,16 @@ from sidecar.store.azure.credentials import Credentials, pick_credentials
 from sidecar.store.azure.errors import Where, error_code, store_error
 from sidecar.store.azure.location import BlobLocation, known_account, parse_store_url
 from sidecar.store.azure.retry import Retry
-from sidecar.store.base import CHUNK_BYTES, NotFound, ObjectInfo, ObjectMeta, Source, StoreError, TransientStoreError
+from sidecar.store.base import (
+    CHUNK_BYTES,
+    NotFound,
+    ObjectInfo,
+    ObjectMeta,
+    Source,
+    StoreError,
+    TransientStoreError,
+    supersedes,
+)
 from sidecar.store.proxy import proxy_for
 
 # Metadata names must be valid C# identifiers; Azure treats them case-insensitively.
@@ -391,7 +400,7 @@ class AzureBlobStore:
         if expected is None:
             read_first = bool(if_version)  # a swap against an object not known: look first
         else:
-            read_first = expected.version > meta.version or (if_version is not None and expected.version != if_version)
+            read_first = supersedes(expected, meta.version) or (if_version is not None and expected.version != if_version)
         md5 = hashlib.md5(data).digest() if isinstance(data, bytes) else data.md5
         staged = False  # bytes go up as blocks: a dead upload's uncommitted blocks are in the way
         try:
@@ -421,7 +430,7 @@ class AzureBlobStore:
                 current = self._info(key, props.size, props.metadata, props.etag, props.last_modified)
                 if if_version is not None and current.version != if_version:
                     return current  # changed since it was read: the swap is refused
-                if current.version > meta.version:
+                if supersedes(current, meta.version):
                     log.debug("upload_superseded", key=key, detail="a newer version is in the store")
                     return current
                 etag = current.etag
