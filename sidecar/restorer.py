@@ -31,20 +31,16 @@ import anyio.to_thread
 from sidecar import log, metrics
 from sidecar.errors import leaves
 from sidecar.listing import Listing
-from sidecar.localfs import (
-    STREAM_MIN,
-    ByteBudget,
+from sidecar.localfs import STREAM_MIN, ByteBudget, UnsafeTarget, body_bytes, has_regular_files, local_matches, printable
+from sidecar.paths import IgnoreRules, Root, UnsafeKey, split_key
+from sidecar.plan import RootDecision, ShapeConflicts
+from sidecar.restorefs import (
     ChecksumMismatch,
     Lineage,
     OpenDirs,
     RestoreTemp,
-    UnsafeTarget,
-    body_bytes,
     clear_restoring,
-    has_regular_files,
-    local_matches,
     mark_restoring,
-    printable,
     read_lineage,
     remove_stale_restore_temps,
     restore_cut_short,
@@ -52,8 +48,6 @@ from sidecar.localfs import (
     write_lineage,
     write_restored,
 )
-from sidecar.paths import IgnoreRules, Root, UnsafeKey, split_key
-from sidecar.plan import RootDecision, ShapeConflicts
 from sidecar.restoreplan import (
     Disk,
     FileAction,
@@ -626,7 +620,7 @@ def lineage_of(store: Store, namespace: str) -> Lineage:
 
 
 async def record_lineage(root: Root, lineage: Lineage, result: RestoreResult | None = None) -> bool | None:
-    """Record that ``lineage`` filled or mirrors ``root`` (see :func:`~sidecar.localfs.write_lineage`):
+    """Record that ``lineage`` filled or mirrors ``root`` (see :func:`~sidecar.restorefs.write_lineage`):
     True. None when the root does not exist yet (added to ``result.unrecorded``: recorded before
     its first upload); False when the record cannot be written (logged: the root is then not the
     truth on the next start, and is merged, which loses nothing)."""
@@ -645,7 +639,7 @@ async def record_lineage(root: Root, lineage: Lineage, result: RestoreResult | N
 
 async def _write_streamed(root: Root, parts: list[str], chunks, got: ObjectInfo, expected: str | None) -> None:
     """Write a large object as its chunks arrive (each write in a worker thread), then verify and
-    place it (:class:`~sidecar.localfs.RestoreTemp`); nothing is left behind on failure."""
+    place it (:class:`~sidecar.restorefs.RestoreTemp`); nothing is left behind on failure."""
     temp = await anyio.to_thread.run_sync(RestoreTemp, root, parts)
     try:
         async for chunk in chunks:

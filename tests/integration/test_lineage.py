@@ -98,7 +98,7 @@ def test_a_root_the_host_creates_later_is_recorded_before_its_first_upload(tmp_p
 
 
 def test_record_io_is_safe_and_bounded(tmp_path):
-    from sidecar.localfs import Lineage, read_lineage, write_lineage
+    from sidecar.restorefs import Lineage, read_lineage, write_lineage
 
     root = Root(".checkpoints", str(tmp_path / ".checkpoints"))
     lineage = Lineage("file:///mnt/durable", "agents/s1")

@@ -6,8 +6,9 @@ import os
 
 import pytest
 
-from sidecar.localfs import OpenDirs, UnsafeTarget, write_restored
+from sidecar.localfs import UnsafeTarget
 from sidecar.paths import Root
+from sidecar.restorefs import OpenDirs, write_restored
 from support import checkpoints_root_with_a_link_out, disk_tree
 
 
