@@ -13,11 +13,12 @@ starts and ends them), :mod:`sidecar.status` and :mod:`sidecar.http` answer ``st
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
 import textwrap
-from typing import Any, NoReturn
+from typing import Any, Awaitable, Callable, NoReturn
 
 import anyio
 
@@ -187,7 +188,7 @@ def _limit_malloc_arenas() -> None:
         pass
 
 
-def _arun(fn, *args) -> int:
+def _arun(fn: Callable[..., Awaitable[int]], *args: object) -> int:
     """Run a command's coroutine on asyncio, with uvloop where it is installed: it halves the
     CPU cost per store request (a 1,000-file restore: 3.2 s of CPU on the default loop, 1.8 s)."""
     try:
@@ -215,10 +216,8 @@ def entry() -> None:
     except KeyboardInterrupt:  # SIGINT before the command's own handling (during start-up)
         code = 130
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(OSError, ValueError):
             stream.flush()
-        except (OSError, ValueError):
-            pass
     os._exit(code)
 
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Mapping, get_args
 
 from pydantic import BeforeValidator, Field, PrivateAttr, ValidationError, field_validator
-from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, SettingsConfigDict
+from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
 from sidecar.namespace import Namespace, NamespaceError, check_template, resolve
 from sidecar.paths import DEFAULT_IGNORE, Root, check_local_path, is_within, make_roots
@@ -278,8 +278,9 @@ class Settings(BaseSettings):
     _platform: str | None = PrivateAttr(default=None)
 
     @classmethod
-    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
-                                   file_secret_settings):
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+                                   env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+                                   file_secret_settings: PydanticBaseSettingsSource) -> tuple[PydanticBaseSettingsSource, ...]:
         """Flags (passed in as init values) over the environment; no .env file, no secrets dir."""
         return init_settings, _Environment(settings_cls)
 

@@ -9,7 +9,7 @@ import hashlib
 import os
 import stat
 from collections import deque
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Generator
 
@@ -401,10 +401,8 @@ def below_root_without_links(root: Root, rel: str) -> bool:
 
 def release_free_memory() -> None:
     """Return freed heap pages to the system (glibc ``malloc_trim``); a no-op elsewhere."""
-    try:
+    with suppress(OSError, AttributeError):
         ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 #: Local files are hashed in chunks of this size when compared with their stored version.
@@ -449,10 +447,8 @@ def open_child_dir(fd: int, part: str, root_path: str, create: bool) -> int:
         except FileNotFoundError:
             if not create:
                 raise
-            try:
+            with suppress(FileExistsError):
                 os.mkdir(part, 0o700, dir_fd=fd)
-            except FileExistsError:
-                pass
             return os.open(part, flags, dir_fd=fd)
     except OSError as e:
         if e.errno in (errno.ELOOP, errno.ENOTDIR):

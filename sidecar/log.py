@@ -150,11 +150,11 @@ def ensure_stdio() -> None:
                 os.dup2(null, fd)
                 os.close(null)
     if sys.stdin is None:
-        sys.stdin = open(0, closefd=False)
+        sys.stdin = open(0, closefd=False)  # noqa: SIM115  (the process's own stream, never closed)
     if sys.stdout is None:
-        sys.stdout = open(1, "w", closefd=False, errors="backslashreplace")
+        sys.stdout = open(1, "w", closefd=False, errors="backslashreplace")  # noqa: SIM115
     if sys.stderr is None:
-        sys.stderr = open(2, "w", closefd=False, errors="backslashreplace")
+        sys.stderr = open(2, "w", closefd=False, errors="backslashreplace")  # noqa: SIM115
 
 
 def setup(level: str = "info", fmt: str = "auto", stream: Any = None) -> None:

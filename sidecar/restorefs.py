@@ -5,6 +5,7 @@ them in worker threads. Reading and scanning local files is :mod:`sidecar.localf
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import json
@@ -31,10 +32,7 @@ class OpenDirs:
         key = (root.path, tuple(parts))
         fd = self._fds.pop(key, None)
         if fd is None:
-            if parts:
-                fd = open_child_dir(self.get(root, parts[:-1]), parts[-1], root.path, True)
-            else:
-                fd = open_root(root.path, True)
+            fd = open_child_dir(self.get(root, parts[:-1]), parts[-1], root.path, True) if parts else open_root(root.path, True)
             while len(self._fds) >= self.limit:
                 os.close(self._fds.pop(next(iter(self._fds))))
         self._fds[key] = fd  # most recently used last
@@ -99,10 +97,8 @@ class RestoreTemp:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(self.tmp, dir_fd=self.dfd)
-        except OSError:
-            pass
         self._close_dir()
 
     def _close_dir(self) -> None:
@@ -205,10 +201,8 @@ def save_kept(root: Root, keys: set[str]) -> None:
         return
     try:
         if not mine:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(KEPT_FILE, dir_fd=dfd)
-            except FileNotFoundError:
-                pass
             return
         tmp = RESTORE_TMP_PREFIX + secrets.token_hex(6)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
@@ -282,10 +276,8 @@ def write_lineage(root: Root, lineage: Lineage) -> None:
                 os.close(fd)
             os.rename(tmp, LINEAGE_FILE, src_dir_fd=dfd, dst_dir_fd=dfd)
         except BaseException:
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(tmp, dir_fd=dfd)
-            except OSError:
-                pass
             raise
         os.fsync(dfd)
     finally:
@@ -304,10 +296,8 @@ def restore_cut_short(root: Root) -> bool:
 
 
 def clear_restoring(root: Root) -> None:
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(os.path.join(root.path, RESTORE_MARKER))
-    except FileNotFoundError:
-        pass
 
 
 def remove_stale_restore_temps(root: Root) -> None:
@@ -315,7 +305,5 @@ def remove_stale_restore_temps(root: Root) -> None:
     for dirpath, _dirs, files in os.walk(root.path):
         for name in files:
             if name.startswith(RESTORE_TMP_PREFIX):
-                try:
+                with contextlib.suppress(OSError):
                     os.unlink(os.path.join(dirpath, name))
-                except OSError:
-                    pass

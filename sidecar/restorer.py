@@ -17,6 +17,7 @@ the I/O it says.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import math
 import re
@@ -27,6 +28,7 @@ from typing import AsyncIterator, Iterable, Sequence
 
 import anyio
 import anyio.to_thread
+from anyio.streams.memory import MemoryObjectReceiveStream
 
 from sidecar import log, metrics
 from sidecar.errors import leaves
@@ -221,10 +223,9 @@ class _Restore:
         self._start(root)
         self.queued.add(info.key)
         self.progress.expect(info.size)
-        try:
+        # every worker has ended (BrokenResourceError): the restore is cancelled or failed, and ends as such
+        with contextlib.suppress(anyio.BrokenResourceError):
             self.send.send_nowait((root, info))
-        except anyio.BrokenResourceError:
-            pass  # every worker has ended: the restore is cancelled or failed, and ends as such
 
     def _start(self, root: Root) -> None:
         if root.name not in self.started:
@@ -379,7 +380,7 @@ class _Restore:
         self.progress.add(m.size)
         metrics.restored(m.size)
 
-    async def work(self, receive) -> None:
+    async def work(self, receive: MemoryObjectReceiveStream[_Item]) -> None:
         async with receive:
             async for root, info in receive:
                 async with self.bodies.hold(body_bytes(info.size)):  # memory bounded by design
@@ -550,7 +551,7 @@ async def restore(
                             "it was being restored (an older sidecar is still writing); restore again")
                     stored = run.stored()
                     result.decisions = decide_roots(disk, stored, mode)
-                    for root, d in zip(roots, result.decisions):
+                    for root, d in zip(roots, result.decisions, strict=True):
                         log.info("restore_decision", root=root.path, restore=d.restore, reason=d.reason,
                                  stored=stored[root.name])
             flushing.cancel_scope.cancel()  # every download ended (a flush under way completes)
@@ -637,7 +638,8 @@ async def record_lineage(root: Root, lineage: Lineage, result: RestoreResult | N
         return False
 
 
-async def _write_streamed(root: Root, parts: list[str], chunks, got: ObjectInfo, expected: str | None) -> None:
+async def _write_streamed(root: Root, parts: list[str], chunks: AsyncIterator[bytes], got: ObjectInfo,
+                         expected: str | None) -> None:
     """Write a large object as its chunks arrive (each write in a worker thread), then verify and
     place it (:class:`~sidecar.restorefs.RestoreTemp`); nothing is left behind on failure."""
     temp = await anyio.to_thread.run_sync(RestoreTemp, root, parts)

@@ -54,7 +54,7 @@ import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import islice
-from typing import AsyncIterator, Generator, Iterator, Mapping
+from typing import AsyncIterator, Callable, Generator, Iterator, Mapping, TypeVar
 from urllib.parse import unquote, urlsplit
 
 import anyio
@@ -97,6 +97,7 @@ from sidecar.store.dirfs import (
     _write_atomic,
 )
 
+T = TypeVar("T")
 
 class DirectoryStore:
     """``create=False`` (a read-only use such as ``status``): :meth:`open` makes no directory,
@@ -299,7 +300,7 @@ class DirectoryStore:
             os.close(fd)
         self._temps_cleaned = True
 
-    async def _run(self, fn, *args, key: str | None = None):
+    async def _run(self, fn: Callable[..., T], *args: object, key: str | None = None) -> T:
         try:
             return await anyio.to_thread.run_sync(fn, *args, limiter=self._limiter)
         except (NotFound, StoreError):

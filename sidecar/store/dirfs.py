@@ -5,6 +5,7 @@ The rules of the store itself are :mod:`sidecar.store.directory`'s."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -91,10 +92,8 @@ def _open_dir(top: str, parts: list[str], create: bool) -> int:
                 except FileNotFoundError:
                     if not create:
                         raise
-                    try:
+                    with contextlib.suppress(FileExistsError):
                         os.mkdir(part, 0o777, dir_fd=fd)
-                    except FileExistsError:
-                        pass
                     nfd = _child_dir(fd, part, where)
                 os.close(fd)
                 fd = nfd
@@ -233,10 +232,8 @@ def _temp_in(top: str, parts: list[str]) -> tuple[int, str, int]:
 
 
 def _unlink_quietly(dfd: int, name: str) -> None:
-    try:
+    with contextlib.suppress(OSError):
         os.unlink(name, dir_fd=dfd)
-    except OSError:
-        pass
 
 
 def _write_atomic(path: str, data: "bytes | Source", mode: int = 0o600, mtime_ns: int | None = None, *,
