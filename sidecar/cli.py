@@ -68,13 +68,8 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         line = message.splitlines()[0] if message else "bad usage"
-        print(f"{self.prog}: usage error: {_escaped(log.redact(line))} (see {self.prog} --help)", file=sys.stderr)
+        print(f"{self.prog}: usage error: {log.printable(log.redact(line))} (see {self.prog} --help)", file=sys.stderr)
         raise SystemExit(EXIT_CONFIG)
-
-
-def _escaped(text: str) -> str:
-    """Control characters as escapes: an argument reaches a one-line message."""
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 def _help(doc: SettingDoc) -> str:

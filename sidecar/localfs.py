@@ -143,11 +143,6 @@ def unmirrorable_reason(name: str) -> str | None:
     return None
 
 
-def printable(path: str) -> str:
-    """``path`` for logs: undecodable bytes as ``\\xNN`` escapes, never lone surrogates."""
-    return os.fsencode(path).decode("utf-8", "backslashreplace")
-
-
 _refused: set[str] = set()
 
 
@@ -157,7 +152,7 @@ def _refuse_once(key: str) -> None:
     _refused.add(key)
     from sidecar import log
 
-    log.warning("unmirrorable_name", path=printable(key),
+    log.warning("unmirrorable_name", path=log.no_surrogates(key),
                 reason=unmirrorable_reason(key.rsplit("/", 1)[-1]) or "unsupported name",
                 detail="never mirrored: rename it (a directory's whole tree is skipped)")
 

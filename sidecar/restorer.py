@@ -33,7 +33,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 from sidecar import log, metrics
 from sidecar.errors import leaves
 from sidecar.listing import Listing
-from sidecar.localfs import STREAM_MIN, ByteBudget, UnsafeTarget, body_bytes, has_regular_files, local_matches, printable
+from sidecar.localfs import STREAM_MIN, ByteBudget, UnsafeTarget, body_bytes, has_regular_files, local_matches
 from sidecar.paths import IgnoreRules, Root, UnsafeKey, split_key
 from sidecar.plan import RootDecision, ShapeConflicts
 from sidecar.restorefs import (
@@ -341,7 +341,7 @@ class _Restore:
                 if owner is not root:
                     raise UnsafeKey(f"the bundle of {root.name} names a file of {owner.name}")
             except UnsafeKey as e:  # only a forged bundle can: refused, and it hides no listed file
-                log.error("restore_refused_name", path=printable(c.key), reason=str(e))
+                log.error("restore_refused_name", path=log.no_surrogates(c.key), reason=str(e))
                 self.result.refused.append(c.key)
                 continue
             overlay[c.key] = c
