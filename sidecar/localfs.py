@@ -15,6 +15,7 @@ from typing import AsyncIterator, Generator
 
 import anyio
 
+from sidecar import log
 from sidecar.paths import MAX_KEY_BYTES, IgnoreRules, Root
 from sidecar.store.base import CHUNK_BYTES, ObjectMeta
 
@@ -143,15 +144,13 @@ def unmirrorable_reason(name: str) -> str | None:
     return None
 
 
-_refused: set[str] = set()
+#: Names already warned about as never mirrored.
+_REFUSED = log.Once()
 
 
 def _refuse_once(key: str) -> None:
-    if key in _refused:
+    if not _REFUSED.first(key):
         return
-    _refused.add(key)
-    from sidecar import log
-
     log.warning("unmirrorable_name", path=log.no_surrogates(key),
                 reason=unmirrorable_reason(key.rsplit("/", 1)[-1]) or "unsupported name",
                 detail="never mirrored: rename it (a directory's whole tree is skipped)")

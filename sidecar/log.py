@@ -20,7 +20,7 @@ import os
 import re
 import sys
 import time
-from typing import Any, Iterable
+from typing import Any, Hashable, Iterable
 from urllib.parse import unquote
 
 _LOGGER = logging.getLogger("checkpoint_sidecar")
@@ -169,6 +169,22 @@ def setup(level: str = "info", fmt: str = "auto", stream: Any = None) -> None:
     _LOGGER.handlers[:] = [handler]
     _LOGGER.setLevel(level.upper())
     _LOGGER.propagate = False
+
+
+class Once:
+    """What was reported already, so that a warning is logged once per key: the first ``limit``
+    keys are remembered (memory stays bounded), later ones are not reported at all."""
+
+    def __init__(self, limit: int = 10_000) -> None:
+        self.limit = limit
+        self._seen: set[Hashable] = set()
+
+    def first(self, key: Hashable) -> bool:
+        """True the first time ``key`` comes (while fewer than ``limit`` are remembered)."""
+        if key in self._seen or len(self._seen) >= self.limit:
+            return False
+        self._seen.add(key)
+        return True
 
 
 def _log(level: int, event: str, fields: dict[str, Any], exc: BaseException | None = None) -> None:

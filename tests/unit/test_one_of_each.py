@@ -29,3 +29,18 @@ def test_the_escaper_keeps_one_line_and_can_escape_non_ascii():
     assert log.printable("é") == "é"
     assert log.printable("SIDECAR_STÖRE\n", ascii=True) == "SIDECAR_ST\\xd6RE\\n"
     assert log.no_surrogates("a\udcff\n") == "a\\xff\n"
+
+
+def test_one_redactor():
+    assert where(r"^\s*def \w*redact\w*\(") == ["log.py"]
+
+
+def test_one_warn_once():
+    """Warnings given once per key go through :class:`sidecar.log.Once` (no set of its own)."""
+    assert where(r"^\s*[\w.]*(WARNED|warned|refused|seen_once)\w*\s*(:\s*set\b.*)?=\s*set\(") == []
+    assert where(r"^class Once\b") == ["log.py"]
+
+
+def test_once_reports_each_key_once_and_remembers_a_bounded_number():
+    once = log.Once(limit=2)
+    assert [once.first(k) for k in ("a", "a", "b", "c", "a", "b")] == [True, False, True, False, False, False]
