@@ -24,7 +24,7 @@ import anyio
 
 from sidecar import __version__, lifecycle, log
 from sidecar.config import SETTING_NAMES, ConfigError, SettingDoc, load, setting_docs
-from sidecar.errors import EXIT_CONFIG, StoreConfigError, fail, leaves
+from sidecar.errors import EXIT_CODES_HELP, EXIT_CONFIG, StoreConfigError, fail, leaves
 
 #: The settings each command uses (its flags); the environment's SIDECAR_* variables are read
 #: whatever the command, so one environment serves every command of a deployment.
@@ -40,8 +40,6 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
     "release": ("store", "prefix", "session_namespace") + _LOGGING,
 }
 
-EXIT_CODES = ("exit codes: 0 ok, 1 runtime failure, 2 bad configuration, 75 stopped with changes pending; "
-              "run: the child's own code, 128+N for signal N, 75 when fenced by a newer sidecar")
 _EPILOG = {
     "restore": "0 once the state is back on disk (or nothing was stored); 1 when the store cannot be read",
     "sync": "75 when stopped with changes still pending (not flushed within SIDECAR_DRAIN_TIMEOUT)",
@@ -144,7 +142,7 @@ def build_parser() -> _Parser:
     parser = _Parser(
         prog="checkpoint-sidecar",
         description="Mirror agent workflow state to durable storage and bring it back after compute recreation.",
-        epilog=_epilog(_ENV_NOTE, EXIT_CODES),
+        epilog=_epilog(_ENV_NOTE, EXIT_CODES_HELP),
     )
     parser.commands = {}
     parser.add_argument("--version", action="version", version=f"checkpoint-sidecar {__version__}")
@@ -152,7 +150,7 @@ def build_parser() -> _Parser:
 
     def add(command: str, help: str, **kw: Any) -> argparse.ArgumentParser:
         p = sub.add_parser(command, help=help, description=help,
-                           epilog=_epilog(_ENV_NOTE, EXIT_CODES, f"{command}: {_EPILOG[command]}"), **kw)
+                           epilog=_epilog(_ENV_NOTE, EXIT_CODES_HELP, f"{command}: {_EPILOG[command]}"), **kw)
         _add_common(p, command)
         parser.commands[command] = p
         return p

@@ -44,3 +44,13 @@ def test_one_warn_once():
 def test_once_reports_each_key_once_and_remembers_a_bounded_number():
     once = log.Once(limit=2)
     assert [once.first(k) for k in ("a", "a", "b", "c", "a", "b")] == [True, False, True, False, False, False]
+
+
+def test_one_exit_code_table():
+    from sidecar import errors
+
+    assert where(r"exit codes: 0|stopped with changes pending") == ["errors.py"]
+    constants = {v for k, v in vars(errors).items() if k.startswith("EXIT_") and isinstance(v, int)}
+    assert set(errors.EXIT_MEANINGS) == constants
+    docs = (SIDECAR.parent / "docs" / "OPERATIONS.md").read_text()
+    assert all(f"| `{code}` |" in docs for code in errors.EXIT_MEANINGS), "docs/OPERATIONS.md: Exit codes"
