@@ -13,17 +13,18 @@ starts and ends them), :mod:`sidecar.status` and :mod:`sidecar.http` answer ``st
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
 import textwrap
-from typing import Any, NoReturn
+from typing import Any, Awaitable, Callable, NoReturn
 
 import anyio
 
 from sidecar import __version__, lifecycle, log
 from sidecar.config import SETTING_NAMES, ConfigError, SettingDoc, load, setting_docs
-from sidecar.errors import EXIT_CONFIG, StoreConfigError, fail, leaves
+from sidecar.errors import EXIT_CODES_HELP, EXIT_CONFIG, StoreConfigError, fail, leaves
 
 #: The settings each command uses (its flags); the environment's SIDECAR_* variables are read
 #: whatever the command, so one environment serves every command of a deployment.
@@ -39,8 +40,6 @@ COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
     "release": ("store", "prefix", "session_namespace") + _LOGGING,
 }
 
-EXIT_CODES = ("exit codes: 0 ok, 1 runtime failure, 2 bad configuration, 75 stopped with changes pending; "
-              "run: the child's own code, 128+N for signal N, 75 when fenced by a newer sidecar")
 _EPILOG = {
     "restore": "0 once the state is back on disk (or nothing was stored); 1 when the store cannot be read",
     "sync": "75 when stopped with changes still pending (not flushed within SIDECAR_DRAIN_TIMEOUT)",
@@ -67,13 +66,8 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         line = message.splitlines()[0] if message else "bad usage"
-        print(f"{self.prog}: usage error: {_escaped(log.redact(line))} (see {self.prog} --help)", file=sys.stderr)
+        print(f"{self.prog}: usage error: {log.printable(log.redact(line))} (see {self.prog} --help)", file=sys.stderr)
         raise SystemExit(EXIT_CONFIG)
-
-
-def _escaped(text: str) -> str:
-    """Control characters as escapes: an argument reaches a one-line message."""
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 def _help(doc: SettingDoc) -> str:
@@ -148,7 +142,7 @@ def build_parser() -> _Parser:
     parser = _Parser(
         prog="checkpoint-sidecar",
         description="Mirror agent workflow state to durable storage and bring it back after compute recreation.",
-        epilog=_epilog(_ENV_NOTE, EXIT_CODES),
+        epilog=_epilog(_ENV_NOTE, EXIT_CODES_HELP),
     )
     parser.commands = {}
     parser.add_argument("--version", action="version", version=f"checkpoint-sidecar {__version__}")
@@ -156,7 +150,7 @@ def build_parser() -> _Parser:
 
     def add(command: str, help: str, **kw: Any) -> argparse.ArgumentParser:
         p = sub.add_parser(command, help=help, description=help,
-                           epilog=_epilog(_ENV_NOTE, EXIT_CODES, f"{command}: {_EPILOG[command]}"), **kw)
+                           epilog=_epilog(_ENV_NOTE, EXIT_CODES_HELP, f"{command}: {_EPILOG[command]}"), **kw)
         _add_common(p, command)
         parser.commands[command] = p
         return p
@@ -187,7 +181,7 @@ def _limit_malloc_arenas() -> None:
         pass
 
 
-def _arun(fn, *args) -> int:
+def _arun(fn: Callable[..., Awaitable[int]], *args: object) -> int:
     """Run a command's coroutine on asyncio, with uvloop where it is installed: it halves the
     CPU cost per store request (a 1,000-file restore: 3.2 s of CPU on the default loop, 1.8 s)."""
     try:
@@ -215,10 +209,8 @@ def entry() -> None:
     except KeyboardInterrupt:  # SIGINT before the command's own handling (during start-up)
         code = 130
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(OSError, ValueError):
             stream.flush()
-        except (OSError, ValueError):
-            pass
     os._exit(code)
 
 

@@ -31,8 +31,9 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Mapping, get_args
 
 from pydantic import BeforeValidator, Field, PrivateAttr, ValidationError, field_validator
-from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, SettingsConfigDict
+from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
+from sidecar import log
 from sidecar.namespace import Namespace, NamespaceError, check_template, resolve
 from sidecar.paths import DEFAULT_IGNORE, Root, check_local_path, is_within, make_roots
 from sidecar.store.registry import StoreURL, parse_store
@@ -105,17 +106,16 @@ class ConfigError(ValueError):
         self.problems = problems
 
 
-def _escaped(text: str, limit: int) -> str:
-    """``text`` with control characters and non-ASCII escaped, shortened past ``limit``."""
-    cut = text[:limit].encode("unicode_escape", "backslashreplace").decode("ascii")
-    return cut + (f"...({len(text)} characters)" if len(text) > limit else "")
+def _shortened(text: str, limit: int) -> str:
+    """``text`` escaped (non-ASCII too: :func:`sidecar.log.printable`), shortened past ``limit``."""
+    return log.printable(text[:limit], ascii=True) + (f"...({len(text)} characters)" if len(text) > limit else "")
 
 
 def shown(value: Any, limit: int = 40) -> str:
     """``value`` for a one-line message: quoted, control characters and non-ASCII escaped,
     shortened past ``limit`` characters (never for a value that may be a secret)."""
     text = value if isinstance(value, str) else str(value)
-    cut = _escaped(text[:limit], limit).replace("'", "\\'")
+    cut = _shortened(text[:limit], limit).replace("'", "\\'")
     return f"'{cut}'" + (f"...({len(text)} characters)" if len(text) > limit else "")
 
 
@@ -278,8 +278,9 @@ class Settings(BaseSettings):
     _platform: str | None = PrivateAttr(default=None)
 
     @classmethod
-    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
-                                   file_secret_settings):
+    def settings_customise_sources(cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+                                   env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+                                   file_secret_settings: PydanticBaseSettingsSource) -> tuple[PydanticBaseSettingsSource, ...]:
         """Flags (passed in as init values) over the environment; no .env file, no secrets dir."""
         return init_settings, _Environment(settings_cls)
 
@@ -544,7 +545,7 @@ def _unknown_problem(variable: str) -> str:
 
     near = difflib.get_close_matches(variable.upper(), VARIABLES, n=1, cutoff=0.6)
     hint = f" (did you mean {near[0]}?)" if near else " (the settings: see checkpoint-sidecar --help)"
-    return f"{_escaped(variable, 60)}: not a checkpoint-sidecar setting{hint}"
+    return f"{_shortened(variable, 60)}: not a checkpoint-sidecar setting{hint}"
 
 
 def load(overrides: Mapping[str, object] | None = None, cwd: str | None = None,
@@ -561,7 +562,7 @@ def load(overrides: Mapping[str, object] | None = None, cwd: str | None = None,
         raise TypeError(f"unknown settings {unknown}")  # a bug in the caller, not the operator's input
     problems = [_unknown_problem(k) for k in unknown_variables(env)]
     twice = case_duplicates(env)
-    problems += [f"{v}: set {len(ks)} times, as {' and '.join(_escaped(k, 60) for k in ks)} (names differing only "
+    problems += [f"{v}: set {len(ks)} times, as {' and '.join(_shortened(k, 60) for k in ks)} (names differing only "
                  "in case): keep one" for v, ks in twice.items()]
     platform = platform_variable(env)
     store_set = "store" in given or any(k.upper() == "SIDECAR_STORE" for k in env)
@@ -634,7 +635,7 @@ def check_store_volume(settings: Settings, roots: list[Root], cwd: str | None = 
         store_dev = os.stat(path).st_dev
     except FileNotFoundError:
         raise ValueError(
-            f"SIDECAR_STORE: the directory store {_escaped(path, 200)} does not exist, and {settings.platform} says "
+            f"SIDECAR_STORE: the directory store {_shortened(path, 200)} does not exist, and {settings.platform} says "
             "this runs on a container platform, where the store must be a mounted volume: it is never created "
             "on the container's own disk; mount the volume there or fix the path (SIDECAR_PREFIX names a "
             "directory inside it)") from None

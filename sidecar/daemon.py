@@ -24,21 +24,10 @@ from sidecar.fence import check_identity
 from sidecar.health import Health, Phase, RestorePhase
 from sidecar.known import StoreState
 from sidecar.listing import list_store
-from sidecar.localfs import (
-    Gaps,
-    LocalStat,
-    absent,
-    below_root_without_links,
-    has_regular_files,
-    lineage_recorded,
-    load_kept,
-    read_lineage,
-    restore_cut_short,
-    save_kept,
-    scan_root,
-)
+from sidecar.localfs import Gaps, LocalStat, absent, below_root_without_links, has_regular_files, scan_root
 from sidecar.paths import IgnoreRules, Root, is_within
 from sidecar.plan import Protected, RootKeep, plan_reconcile_queue, plan_root_keep
+from sidecar.restorefs import lineage_recorded, load_kept, read_lineage, restore_cut_short, save_kept
 from sidecar.restorer import RestoreResult, lineage_of, record_lineage, restore
 from sidecar.retry import reported_wait, retry_transient
 from sidecar.store.base import Store, StoreError

@@ -1,10 +1,8 @@
 """Exit codes, the one-line error report, and the leaves of an exception group.
 
-Every command ends in one of these codes; a failure is one line on stderr, never a traceback:
-
-    0  success (status: in sync)        2  bad configuration or usage
-    1  runtime failure (store, restore)   75  stopped with changes still pending (sync), or fenced (run)
-    status: 1 when not in sync; run: the child's own code (128+N for signal N)
+Every command ends in one of the codes of :data:`EXIT_MEANINGS` (``run`` also in its child's,
+:data:`EXIT_RUN`); a failure is one line on stderr, never a traceback. :data:`EXIT_CODES_HELP`
+is the table as ``--help`` shows it.
 """
 
 from __future__ import annotations
@@ -15,6 +13,17 @@ from collections.abc import Iterator
 from sidecar import log
 
 EXIT_OK, EXIT_FAIL, EXIT_CONFIG, EXIT_PENDING = 0, 1, 2, 75
+
+#: The exit codes and what each means (``status``: 1 when not in sync).
+EXIT_MEANINGS: dict[int, str] = {
+    EXIT_OK: "ok",
+    EXIT_FAIL: "runtime failure",
+    EXIT_CONFIG: "bad configuration",
+    EXIT_PENDING: "stopped with changes pending",
+}
+#: ``run``'s codes beyond those: its child's, or fenced.
+EXIT_RUN = f"the child's own code, 128+N for signal N, {EXIT_PENDING} when fenced by a newer sidecar"
+EXIT_CODES_HELP = "exit codes: " + ", ".join(f"{c} {m}" for c, m in EXIT_MEANINGS.items()) + f"; run: {EXIT_RUN}"
 
 
 class StoreConfigError(Exception):

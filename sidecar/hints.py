@@ -40,7 +40,7 @@ class Hints:
         self.ignore = ignore
         self.known = known
         self.intents = intents
-        self._warned: set[tuple[str, str]] = set()
+        self._warned = log.Once()
 
     def mark_paths(self, paths: list[str]) -> None:
         """Turn hints about absolute paths (from the watcher) into intents.
@@ -139,6 +139,5 @@ class Hints:
         self.warn_once(event, f"{key} ({detail})")
 
     def warn_once(self, event: str, what: str) -> None:
-        if (event, what) not in self._warned:
-            self._warned.add((event, what))
+        if self._warned.first((event, what)):
             log.warning(event, path=what)

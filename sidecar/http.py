@@ -28,11 +28,11 @@ import re
 import socket
 import sys
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import anyio
-from anyio.abc import SocketAttribute, SocketListener, SocketStream, TaskStatus
+from anyio.abc import SocketAttribute, SocketListener, SocketStream, TaskGroup, TaskStatus
 
 from sidecar import log
 from sidecar.health import STARTING_PHASES, Health
@@ -155,7 +155,7 @@ def _bind_message(addr: str, e: BaseException) -> str:
             "set SIDECAR_HTTP_ADDR (--http-addr) to a free host:port, or '' to disable")
 
 
-def _fmt_addr(sockaddr) -> str:
+def _fmt_addr(sockaddr: tuple[Any, ...] | str) -> str:
     host, port = sockaddr[0], sockaddr[1]
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
@@ -167,7 +167,7 @@ class _Server:
         #: connections still reading their request head, oldest first (dicts keep insertion order)
         self.reading: dict[object, anyio.CancelScope] = {}
 
-    async def accept_loop(self, listener: SocketListener, tg) -> None:
+    async def accept_loop(self, listener: SocketListener, tg: TaskGroup) -> None:
         while True:
             try:
                 stream = await listener.accept()

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sidecar import log
 from sidecar.fence import counted_version
-from sidecar.localfs import printable, unmirrorable_reason
+from sidecar.localfs import unmirrorable_reason
 from sidecar.paths import Root, UnsafeKey, split_key
 from sidecar.plan import ShapeConflicts
 from sidecar.snapshot import BUNDLE_DIR
@@ -46,7 +47,7 @@ class Listing:
             return None
         if not info.key.isascii() and (why := unmirrorable_reason(info.key)):
             # a name no sync would store today (a directory store written by an older version)
-            self.unsafe.append((printable(info.key), why))
+            self.unsafe.append((log.no_surrogates(info.key), why))
             return None
         self.objects[info.key] = info
         for key in self.shapes.add(info) if self.shapes is not None else ():

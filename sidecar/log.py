@@ -20,7 +20,7 @@ import os
 import re
 import sys
 import time
-from typing import Any, Iterable
+from typing import Any, Hashable, Iterable
 from urllib.parse import unquote
 
 _LOGGER = logging.getLogger("checkpoint_sidecar")
@@ -70,12 +70,13 @@ def redact(text: str, secrets: Iterable[str] = ()) -> str:
 _ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
-def printable(text: str) -> str:
+def printable(text: str, *, ascii: bool = False) -> str:
     """``text`` safe for one line of a log or a terminal: control and other non-printable
     characters (newlines, ESC, bidi overrides, line separators) as ``\\n``, ``\\x1b``,
     ``\\u202e``..., undecodable bytes (lone surrogates from ``os.fsdecode``) as ``\\xNN``.
-    Printable text, non-ASCII letters included, is returned unchanged."""
-    if text.isprintable():
+    Printable text, non-ASCII letters included, is returned unchanged; with ``ascii`` every
+    non-ASCII character is escaped too (a look-alike letter in a setting's name shows)."""
+    if text.isprintable() and (not ascii or text.isascii()):
         return text
     out = []
     for ch in text:
@@ -84,7 +85,7 @@ def printable(text: str) -> str:
             out.append(_ESCAPES[ch])
         elif 0xDC80 <= o <= 0xDCFF:  # a byte that was not UTF-8 (surrogateescape)
             out.append(f"\\x{o - 0xDC00:02x}")
-        elif ch.isprintable():
+        elif ch.isprintable() and (not ascii or o < 0x80):
             out.append(ch)
         elif o < 0x100:
             out.append(f"\\x{o:02x}")
@@ -95,8 +96,9 @@ def printable(text: str) -> str:
     return "".join(out)
 
 
-def _no_surrogates(text: str) -> str:
-    """Undecodable bytes as ``\\xNN``: a lone surrogate cannot be written as UTF-8."""
+def no_surrogates(text: str) -> str:
+    """Undecodable bytes (lone surrogates from ``os.fsdecode``) as ``\\xNN``, the rest unchanged:
+    a lone surrogate cannot be written as UTF-8."""
     try:
         text.encode("utf-8")
         return text
@@ -118,7 +120,7 @@ class _JsonFormatter(logging.Formatter):
         out.update(getattr(record, "fields", {}))
         if record.exc_info and record.exc_info[1] is not None:
             out["error"] = redact(f"{type(record.exc_info[1]).__name__}: {record.exc_info[1]}")
-        return _no_surrogates(json.dumps(out, default=str, ensure_ascii=False)).translate(_JSON_BREAKS)
+        return no_surrogates(json.dumps(out, default=str, ensure_ascii=False)).translate(_JSON_BREAKS)
 
 
 class _TextFormatter(logging.Formatter):
@@ -150,11 +152,11 @@ def ensure_stdio() -> None:
                 os.dup2(null, fd)
                 os.close(null)
     if sys.stdin is None:
-        sys.stdin = open(0, closefd=False)
+        sys.stdin = open(0, closefd=False)  # noqa: SIM115  (the process's own stream, never closed)
     if sys.stdout is None:
-        sys.stdout = open(1, "w", closefd=False, errors="backslashreplace")
+        sys.stdout = open(1, "w", closefd=False, errors="backslashreplace")  # noqa: SIM115
     if sys.stderr is None:
-        sys.stderr = open(2, "w", closefd=False, errors="backslashreplace")
+        sys.stderr = open(2, "w", closefd=False, errors="backslashreplace")  # noqa: SIM115
 
 
 def setup(level: str = "info", fmt: str = "auto", stream: Any = None) -> None:
@@ -169,11 +171,27 @@ def setup(level: str = "info", fmt: str = "auto", stream: Any = None) -> None:
     _LOGGER.propagate = False
 
 
+class Once:
+    """What was reported already, so that a warning is logged once per key: the first ``limit``
+    keys are remembered (memory stays bounded), later ones are not reported at all."""
+
+    def __init__(self, limit: int = 10_000) -> None:
+        self.limit = limit
+        self._seen: set[Hashable] = set()
+
+    def first(self, key: Hashable) -> bool:
+        """True the first time ``key`` comes (while fewer than ``limit`` are remembered)."""
+        if key in self._seen or len(self._seen) >= self.limit:
+            return False
+        self._seen.add(key)
+        return True
+
+
 def _log(level: int, event: str, fields: dict[str, Any], exc: BaseException | None = None) -> None:
     if _LOGGER.isEnabledFor(level):
         for k, v in fields.items():
             if isinstance(v, str):
-                fields[k] = redact(v if v.isascii() else _no_surrogates(v))
+                fields[k] = redact(v if v.isascii() else no_surrogates(v))
         _LOGGER.log(level, event, extra={"fields": fields},
                     exc_info=(type(exc), exc, None) if exc is not None else None)
 

@@ -17,6 +17,7 @@ the I/O it says.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import math
 import re
@@ -27,24 +28,21 @@ from typing import AsyncIterator, Iterable, Sequence
 
 import anyio
 import anyio.to_thread
+from anyio.streams.memory import MemoryObjectReceiveStream
 
 from sidecar import log, metrics
 from sidecar.errors import leaves
 from sidecar.listing import Listing
-from sidecar.localfs import (
-    STREAM_MIN,
-    ByteBudget,
+from sidecar.localfs import STREAM_MIN, ByteBudget, UnsafeTarget, body_bytes, has_regular_files, local_matches
+from sidecar.paths import IgnoreRules, Root, UnsafeKey, split_key
+from sidecar.plan import RootDecision, ShapeConflicts
+from sidecar.restorefs import (
     ChecksumMismatch,
     Lineage,
     OpenDirs,
     RestoreTemp,
-    UnsafeTarget,
-    body_bytes,
     clear_restoring,
-    has_regular_files,
-    local_matches,
     mark_restoring,
-    printable,
     read_lineage,
     remove_stale_restore_temps,
     restore_cut_short,
@@ -52,8 +50,6 @@ from sidecar.localfs import (
     write_lineage,
     write_restored,
 )
-from sidecar.paths import IgnoreRules, Root, UnsafeKey, split_key
-from sidecar.plan import RootDecision, ShapeConflicts
 from sidecar.restoreplan import (
     Disk,
     FileAction,
@@ -227,10 +223,9 @@ class _Restore:
         self._start(root)
         self.queued.add(info.key)
         self.progress.expect(info.size)
-        try:
+        # every worker has ended (BrokenResourceError): the restore is cancelled or failed, and ends as such
+        with contextlib.suppress(anyio.BrokenResourceError):
             self.send.send_nowait((root, info))
-        except anyio.BrokenResourceError:
-            pass  # every worker has ended: the restore is cancelled or failed, and ends as such
 
     def _start(self, root: Root) -> None:
         if root.name not in self.started:
@@ -346,7 +341,7 @@ class _Restore:
                 if owner is not root:
                     raise UnsafeKey(f"the bundle of {root.name} names a file of {owner.name}")
             except UnsafeKey as e:  # only a forged bundle can: refused, and it hides no listed file
-                log.error("restore_refused_name", path=printable(c.key), reason=str(e))
+                log.error("restore_refused_name", path=log.no_surrogates(c.key), reason=str(e))
                 self.result.refused.append(c.key)
                 continue
             overlay[c.key] = c
@@ -385,7 +380,7 @@ class _Restore:
         self.progress.add(m.size)
         metrics.restored(m.size)
 
-    async def work(self, receive) -> None:
+    async def work(self, receive: MemoryObjectReceiveStream[_Item]) -> None:
         async with receive:
             async for root, info in receive:
                 async with self.bodies.hold(body_bytes(info.size)):  # memory bounded by design
@@ -556,7 +551,7 @@ async def restore(
                             "it was being restored (an older sidecar is still writing); restore again")
                     stored = run.stored()
                     result.decisions = decide_roots(disk, stored, mode)
-                    for root, d in zip(roots, result.decisions):
+                    for root, d in zip(roots, result.decisions, strict=True):
                         log.info("restore_decision", root=root.path, restore=d.restore, reason=d.reason,
                                  stored=stored[root.name])
             flushing.cancel_scope.cancel()  # every download ended (a flush under way completes)
@@ -626,7 +621,7 @@ def lineage_of(store: Store, namespace: str) -> Lineage:
 
 
 async def record_lineage(root: Root, lineage: Lineage, result: RestoreResult | None = None) -> bool | None:
-    """Record that ``lineage`` filled or mirrors ``root`` (see :func:`~sidecar.localfs.write_lineage`):
+    """Record that ``lineage`` filled or mirrors ``root`` (see :func:`~sidecar.restorefs.write_lineage`):
     True. None when the root does not exist yet (added to ``result.unrecorded``: recorded before
     its first upload); False when the record cannot be written (logged: the root is then not the
     truth on the next start, and is merged, which loses nothing)."""
@@ -643,9 +638,10 @@ async def record_lineage(root: Root, lineage: Lineage, result: RestoreResult | N
         return False
 
 
-async def _write_streamed(root: Root, parts: list[str], chunks, got: ObjectInfo, expected: str | None) -> None:
+async def _write_streamed(root: Root, parts: list[str], chunks: AsyncIterator[bytes], got: ObjectInfo,
+                         expected: str | None) -> None:
     """Write a large object as its chunks arrive (each write in a worker thread), then verify and
-    place it (:class:`~sidecar.localfs.RestoreTemp`); nothing is left behind on failure."""
+    place it (:class:`~sidecar.restorefs.RestoreTemp`); nothing is left behind on failure."""
     temp = await anyio.to_thread.run_sync(RestoreTemp, root, parts)
     try:
         async for chunk in chunks:

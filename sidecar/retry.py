@@ -32,7 +32,7 @@ def backoff(attempt: int) -> float:
     return random.uniform(d / 2, d)
 
 
-async def retry_transient(fn, what: str, deadline: float):
+async def retry_transient(fn: Callable[[], Awaitable[T]], what: str, deadline: float) -> T:
     """Call ``fn`` until it succeeds or ``deadline`` (monotonic) passes; re-raises the last error."""
     attempt = 0
     while True:

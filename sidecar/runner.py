@@ -29,6 +29,7 @@ then, so that it reaches the child only and the wrapper still flushes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import os
 import signal
@@ -117,10 +118,8 @@ class Child:
             self._arm_kill()
         if not self.own_group:  # sharing our terminal's group: see the module's docstring
             if sig != signal.SIGINT:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(self.pid, sig)
-                except ProcessLookupError:
-                    pass
             return
         for s in (sig, signal.SIGCONT) if sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP) else (sig,):
             try:

@@ -75,20 +75,16 @@ async def report(settings: Settings, roots: list[Root], store: Store) -> dict[st
 def render(rep: dict[str, Any], namespace: str = "") -> str:
     """The text form: a line per root, then up to :data:`SHOWN` names of each kind, every name
     escaped (a file name cannot forge a line)."""
-    lines = [f"store: {_escaped(rep['store'])}" + (f" (namespace {_escaped(namespace)})" if namespace else "")]
+    lines = [f"store: {log.printable(rep['store'])}" + (f" (namespace {log.printable(namespace)})" if namespace else "")]
     for name, r in rep["roots"].items():
         counts = [f"{r['in_sync']} in sync", f"{len(r['pending_upload'])} pending upload",
                   f"{len(r['missing_locally'])} missing locally"]
         counts += [f"{len(r[k])} {k}" for k in ("unreadable", "unstorable") if r[k]]
-        lines.append(f"{_escaped(name)} ({_escaped(r['path'])}): {', '.join(counts)}")
+        lines.append(f"{log.printable(name)} ({log.printable(r['path'])}): {', '.join(counts)}")
         for kind, label in (("pending_upload", "pending upload  "), ("missing_locally", "missing locally "),
                             ("unreadable", "unreadable dir  "), ("unstorable", "name too long   ")):
-            lines += [f"  {label} {_escaped(k)}" for k in r[kind][:SHOWN]]
+            lines += [f"  {label} {log.printable(k)}" for k in r[kind][:SHOWN]]
     lines.append("in sync" if rep["in_sync"] else "NOT in sync")
     return "\n".join(lines)
 
 
-def _escaped(text: str) -> str:
-    """``text`` with control, format and separator characters and undecodable bytes as escapes
-    (:func:`sidecar.log.printable`): one line, always."""
-    return log.printable(text)

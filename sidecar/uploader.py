@@ -13,6 +13,7 @@ pending set keeps at most one entry per path meanwhile.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Callable
 
@@ -189,10 +190,8 @@ class Uploader:
     async def drop_stale_bundles(self, keep: set[str]) -> None:
         """Delete the bundles cut-short snapshot commits left, except for roots in ``keep``: see
         :meth:`Committer.drop_stale_bundles`. Fenced: nothing is deleted."""
-        try:
+        with contextlib.suppress(Fenced):
             await self.committer.drop_stale_bundles(set(self.snapshots), keep, self.pending_keys)
-        except Fenced:
-            pass
 
     async def _handle(self, op: Op) -> None:
         started = self._dirty_since.pop(op.key, None) if op.kind == UPLOAD else None

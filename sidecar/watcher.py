@@ -295,7 +295,7 @@ class _Grow:
         self.wanted = anyio.Event()
 
 
-def _new_dirs(raw, dirs: dict[str, tuple[int, int]]) -> list[str]:
+def _new_dirs(raw: set[tuple[int, str]], dirs: dict[str, tuple[int, int]]) -> list[str]:
     """The directories added in the batch ``raw`` that ``dirs`` does not watch at that path with
     that identity (a directory deleted and made again in one batch may reuse its inode number)."""
     out = []
@@ -375,7 +375,7 @@ async def watch(
         rescan = changed
 
 
-async def _poll(roots: list[Root], on_roots_changed) -> None:
+async def _poll(roots: list[Root], on_roots_changed: Callable[[list[Root]], Awaitable[None]]) -> None:
     """Rescan every root each :data:`POLL_SECONDS` for :data:`POLL_RETRY_SECONDS`."""
     deadline = time.monotonic() + POLL_RETRY_SECONDS
     while time.monotonic() < deadline:
@@ -386,7 +386,8 @@ async def _poll(roots: list[Root], on_roots_changed) -> None:
         await anyio.sleep(POLL_SECONDS)
 
 
-async def _watch_once(roots, ids, w: _Watch, stop, on_paths, debounce_ms,
+async def _watch_once(roots: list[Root], ids: dict[str, tuple[int, int] | None], w: _Watch, stop: threading.Event,
+                      on_paths: Callable[[list[str]], Awaitable[None]], debounce_ms: int,
                       overflow: _Overflow | None = None) -> list[Root]:
     """Pump events until a root appears, disappears or is replaced, the queue may have
     overflowed, or a limit is met while adding directories; returns the roots to rescan once
@@ -471,7 +472,8 @@ ACTIVE_STEP_MS = 2
 ACTIVE_SECONDS = 3.0
 
 
-async def _pump(w: _Watch, stop: threading.Event, on_batch, idle_step_ms: int) -> None:
+async def _pump(w: _Watch, stop: threading.Event, on_batch: Callable[[set[tuple[int, str]]], Awaitable[None]],
+                idle_step_ms: int) -> None:
     """Hand event batches (sets of ``(change, path)``) over as soon as they arrive, from whichever
     engine ``w`` holds at the time.
 
@@ -491,10 +493,10 @@ async def _pump(w: _Watch, stop: threading.Event, on_batch, idle_step_ms: int) -
         step = ACTIVE_STEP_MS if time.monotonic() < active_until else max(ACTIVE_STEP_MS, idle_step_ms)
         assert w.notify is not None  # built before the pump starts, swapped, never cleared while it runs
         raw = await anyio.to_thread.run_sync(w.notify.watch, 0, step, 1000, stop, abandon_on_cancel=True)
-        if raw in ("timeout", "signal"):
-            continue
         if raw == "stop":
             return
+        if isinstance(raw, str):  # "timeout", "signal"
+            continue
         active_until = time.monotonic() + ACTIVE_SECONDS
         metrics.WATCH_EVENTS.inc(len(raw))
         await on_batch(raw)

@@ -10,6 +10,7 @@ Nothing here sleeps for synchronisation: every wait is a poll with a deadline.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -375,7 +376,7 @@ class AgentHost:
             self.returncode = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self.kill()
-            raise AssertionError(f"agent host did not exit within {timeout}s of signal {sig}{self.log_tail()}")
+            raise AssertionError(f"agent host did not exit within {timeout}s of signal {sig}{self.log_tail()}") from None
         self.stopped_after = time.monotonic() - t0
         TIMINGS.append((f"signal {signal.Signals(sig).name}->exit", self.label, self.stopped_after))
         try:
@@ -390,10 +391,8 @@ class AgentHost:
         return self.returncode
 
     def _killpg(self) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.pgid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
     def kill(self) -> None:
         """Wrapper and host die at the same instant, as when the compute goes away.
@@ -408,10 +407,8 @@ class AgentHost:
         groups = {st[2] for p in tree if (st := _proc_stat(p))} | {self.pgid}
         for sig in (signal.SIGSTOP, signal.SIGKILL):
             for group in groups:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(group, sig)
-                except ProcessLookupError:
-                    pass
         self.returncode = self.proc.wait(10)
         wait_for(lambda: all((st := _proc_stat(p)) is None or st[0] == "Z" for p in tree), 5.0,
                  f"processes {tree} to die")

@@ -200,7 +200,7 @@ class Azurite:
             argv += ["--cert", self.cert, "--key", self.key or ""]
         if self.oauth:
             argv += ["--oauth", self.oauth]
-        self._log = open(self.log_path, "ab")
+        self._log = open(self.log_path, "ab")  # noqa: SIM115  (the server's log while it runs; closed in stop)
         self._proc = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
             start_new_session=True,  # our own process group: a test's ^C does not hit it twice

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -32,10 +33,8 @@ def json_lines(text: str) -> list[dict]:
     """The JSON objects among ``text``'s lines (the sidecar's JSON log lines), other lines skipped."""
     out = []
     for line in text.splitlines():
-        try:
+        with contextlib.suppress(ValueError):
             out.append(json.loads(line))
-        except ValueError:
-            pass
     return out
 
 
@@ -133,7 +132,7 @@ class Sidecar:
                  wrap: list[str] | tuple[str, ...] = ()):
         self.cwd = Path(cwd)
         self.log_path = log or self.cwd.parent / f"sidecar-{time.monotonic_ns()}.log"
-        self.logf = open(self.log_path, "wb")
+        self.logf = open(self.log_path, "wb")  # noqa: SIM115  (the child's log while it runs)
         self.proc = subprocess.Popen(
             [*wrap, *sidecar_cmd(*args)], cwd=cwd, env=env or sidecar_env(), stdout=self.logf, stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -168,10 +167,8 @@ class Sidecar:
             self.logf.close()
 
     def kill(self) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         self.proc.wait(10)
         self.logf.close()
 

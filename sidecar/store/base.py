@@ -37,9 +37,8 @@ def sane_version(version: int) -> bool:
     return version >= 0 and version >> VERSION_COUNTER_BITS <= MAX_FLOOR_GENERATION
 
 
-#: Keys already warned about by :func:`supersedes` (bounded: a warning per key, for the first ones).
-_WARNED: set[str] = set()
-_MAX_WARNED = 1024
+#: Keys already warned about by :func:`supersedes` (a warning per key, for the first ones).
+_WARNED = log.Once(limit=1024)
 
 
 def supersedes(stored: "ObjectInfo", version: int) -> bool:
@@ -51,8 +50,7 @@ def supersedes(stored: "ObjectInfo", version: int) -> bool:
         return False
     if sane_version(stored.version):
         return True
-    if stored.key not in _WARNED and len(_WARNED) < _MAX_WARNED:
-        _WARNED.add(stored.key)
+    if _WARNED.first(stored.key):
         log.warning("stored_version_malformed", key=log.printable(stored.key), version=stored.version,
                     detail="the stored object's version is out of the range a sidecar writes (set by something "
                            "else): it is replaced as if it had none")

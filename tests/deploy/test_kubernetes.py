@@ -53,7 +53,7 @@ def validate_all(docs: list[dict], version: str) -> None:
             kv.validate(doc, version, strict=True)
         except kv.ValidationError as e:
             path = ".".join(str(p) for p in e.path)
-            raise AssertionError(f"{doc['kind']}/{doc['metadata']['name']} invalid for {version}: {path}: {e.message}")
+            raise AssertionError(f"{doc['kind']}/{doc['metadata']['name']} invalid for {version}: {path}: {e.message}") from e
 
 
 @pytest.mark.parametrize("version", NATIVE_VERSIONS)

@@ -101,7 +101,7 @@ def assert_approved(outcome, host: AgentHost) -> None:
 
 #: A checkpoint's pending messages are keyed by the executor that sent them: messages from
 #: ``stage_one`` mean stage two runs next (or is running).
-NEXT_STAGE = {"start": "one", **{f"stage_{a}": b for a, b in zip(STAGES, STAGES[1:])}}
+NEXT_STAGE = {"start": "one", **{f"stage_{a}": b for a, b in zip(STAGES, STAGES[1:], strict=False)}}
 
 
 def _response_key(response_id: str) -> str:

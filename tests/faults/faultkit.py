@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import random
@@ -91,10 +92,8 @@ class AzureTarget:
     def drop(self) -> None:
         async def go() -> None:
             async with BlobServiceClient.from_connection_string(self.conn) as svc:
-                try:
+                with contextlib.suppress(Exception):
                     await svc.delete_container(self.container)
-                except Exception:
-                    pass
 
         anyio.run(go)
 

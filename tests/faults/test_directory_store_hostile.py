@@ -3,6 +3,7 @@ and special files planted inside it, and a full disk. Real ``sync``/``restore`` 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 
@@ -100,11 +101,8 @@ def test_a_full_store_recovers_within_seconds_of_space_returning(tmp_path):
         pytest.skip(f"cannot mount a tmpfs here: {m.stderr.strip()}")
     try:
         filler = store / "filler"
-        with open(filler, "wb") as f:  # leave the store no room
-            try:
-                f.write(b"\0" * (2 << 20))
-            except OSError:
-                pass
+        with open(filler, "wb") as f, contextlib.suppress(OSError):  # leave the store no room
+            f.write(b"\0" * (2 << 20))
         work = tmp_path / "w"
         work.mkdir()
         sc = Sidecar(work, "sync", env=sidecar_env(SIDECAR_STORE=str(store)))

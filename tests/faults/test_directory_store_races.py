@@ -17,6 +17,7 @@ import anyio.to_thread
 import pytest
 
 import sidecar.store.directory as directory_mod
+import sidecar.store.dirfs as dirfs_mod
 from sidecar.store.base import ObjectMeta
 from sidecar.store.directory import DirectoryStore
 
@@ -79,7 +80,7 @@ def test_a_put_survives_a_neighbours_delete_pruning_its_directory_before_the_tem
         await store.open()
         neighbour = _neighbour(store, "r/d/a.json")
         await store.put(neighbour, other, ObjectMeta.of(other, STAMP, 0o600))
-        real = directory_mod._new_temp
+        real = dirfs_mod._new_temp
         raced = []
 
         def delete_first(dfd):
@@ -89,7 +90,7 @@ def test_a_put_survives_a_neighbours_delete_pruning_its_directory_before_the_tem
                 assert not (tmp_path / "store" / "r").exists()
             return real(dfd)
 
-        monkeypatch.setattr(directory_mod, "_new_temp", delete_first)
+        monkeypatch.setattr(dirfs_mod, "_new_temp", delete_first)
         await store.put("r/d/a.json", data, ObjectMeta.of(data, STAMP, 0o600))
         assert raced
         got, info = await store.get("r/d/a.json")

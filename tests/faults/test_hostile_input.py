@@ -139,7 +139,7 @@ class Unprivileged(Sidecar):
     def __init__(self, cwd: Path, *args: str, env: dict[str, str]):
         self.cwd = Path(cwd)
         self.log_path = self.cwd.parent / f"sidecar-{time.monotonic_ns()}.log"
-        self.logf = open(self.log_path, "wb")
+        self.logf = open(self.log_path, "wb")  # noqa: SIM115  (the child's log while it runs)
         self.proc = subprocess.Popen(
             [*NO_CAPS, sys.executable, "-m", "sidecar", *args],
             cwd=cwd, env=env, stdout=self.logf, stderr=subprocess.STDOUT, start_new_session=True,

@@ -40,7 +40,7 @@ def _kill_mid_restore(work, store) -> int:
     cps = work / ".checkpoints"
     for _attempt in range(5):
         sc = Sidecar(work, "restore", "--store", str(store))
-        wait_for(lambda: sc.proc.poll() is not None or (cps.is_dir() and _count_files(cps) > 0), 60,
+        wait_for(lambda sc=sc: sc.proc.poll() is not None or (cps.is_dir() and _count_files(cps) > 0), 60,
                  "the restore to place its first file", sc.log, interval=0.001)
         sc.kill()
         n = _count_files(cps)

@@ -9,6 +9,7 @@ only and go away with it; nothing global is changed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -116,10 +117,8 @@ def test_a_child_ignoring_sigterm_dies_with_a_killed_wrapper(work):
         wait_for(lambda: _gone(child), 10, "the orphaned child to be killed")
     finally:
         sc.kill()
-        try:
+        with contextlib.suppress(ProcessLookupError, UnboundLocalError):
             os.kill(child, signal.SIGKILL)
-        except (ProcessLookupError, UnboundLocalError):
-            pass
 
 
 # -- control characters in names ------------------------------------------------------------------
@@ -136,10 +135,10 @@ def test_names_with_control_characters_never_forge_log_lines(work):
     for fmt in ("text", "json"):
         sc = Sidecar(work, "sync", "--store", str(store), env=sidecar_env(SIDECAR_LOG_FORMAT=fmt))
         try:
-            wait_for(lambda: "reconcile_start" in sc.log(), 15, "the sidecar to start")
+            wait_for(lambda sc=sc: "reconcile_start" in sc.log(), 15, "the sidecar to start")
             link = cps / "ctx" / (FORGED + fmt)
             os.symlink("/nowhere", link)
-            wait_for(lambda: "symlink_skipped" in sc.log(), 15, "symlink_skipped logged", lambda: sc.log())
+            wait_for(lambda sc=sc: "symlink_skipped" in sc.log(), 15, "symlink_skipped logged", sc.log)
             assert sc.stop() == 0
             os.unlink(link)
         finally:

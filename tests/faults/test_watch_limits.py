@@ -43,7 +43,7 @@ class Limited(Sidecar):
                  unshare: tuple[str, ...] = ("--user", "--map-root-user"), setup: str = ""):
         self.cwd = Path(cwd)
         self.log_path = self.cwd.parent / f"sidecar-{time.monotonic_ns()}.log"
-        self.logf = open(self.log_path, "wb")
+        self.logf = open(self.log_path, "wb")  # noqa: SIM115  (the child's log while it runs)
         script = setup + "".join(f"echo {v} > /proc/sys/user/{k} && " for k, v in limits.items()) + 'exec "$@"'
         self.proc = subprocess.Popen(
             ["unshare", *unshare, "sh", "-c", script, "sh", *sidecar_cmd(*args)],

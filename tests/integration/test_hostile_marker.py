@@ -5,6 +5,7 @@ one line naming the marker's key and the fix (exit 2), never a traceback and nev
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -33,10 +34,8 @@ def plant(target: Target, body: bytes) -> None:
         from azure.core.exceptions import ResourceExistsError
 
         async def upload(c) -> None:
-            try:
+            with contextlib.suppress(ResourceExistsError):
                 await c.create_container()
-            except ResourceExistsError:
-                pass
             await c.upload_blob(KEY, body, overwrite=True)
 
         anyio.run(target._azure, upload)

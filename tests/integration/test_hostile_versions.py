@@ -45,7 +45,7 @@ def test_a_key_stored_at_an_impossible_version_is_replaced_with_one_warning(targ
     assert disk_tree(work / ".checkpoints") == {"r/a.json": b"frozen"}  # restored like any other
     for body in (b"the host's", b"the host's next"):
         write_atomic(work / ".checkpoints" / "r" / "a.json", body)
-        wait_for(lambda: target.read("agent/s1/.checkpoints/r/a.json") == body, 20, f"{body!r} stored")
+        wait_for(lambda body=body: target.read("agent/s1/.checkpoints/r/a.json") == body, 20, f"{body!r} stored")
     assert sc.stop() == 0
     warned = [e for e in sc.events() if e.get("event") == "stored_version_malformed"]
     assert len(warned) == 1 and warned[0]["key"].endswith(".checkpoints/r/a.json"), warned

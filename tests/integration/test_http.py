@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -344,10 +345,8 @@ class Slowloris:
             for key, ev in self.sel.select(0.05):
                 s = key.fileobj
                 if ev & selectors.EVENT_WRITE:  # connected: a head that never ends
-                    try:
+                    with contextlib.suppress(OSError):
                         s.send(b"GET /livez HTTP/1.1\r\nHost: x\r\n")
-                    except OSError:
-                        pass
                     self.sel.modify(s, selectors.EVENT_READ)
                     continue
                 try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import struct
@@ -42,10 +43,8 @@ def test_growing_file_rewritten_ten_times_a_second(work, commit):
 
     def sample():  # read what the store holds, as a restore would, while the writes go on
         while not stop.is_set():
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 seen.append(check_blob(stored.read_bytes()))
-            except FileNotFoundError:
-                pass
             time.sleep(0.01)
 
     sampler = threading.Thread(target=sample)

@@ -98,7 +98,7 @@ def test_a_root_the_host_creates_later_is_recorded_before_its_first_upload(tmp_p
 
 
 def test_record_io_is_safe_and_bounded(tmp_path):
-    from sidecar.localfs import Lineage, read_lineage, write_lineage
+    from sidecar.restorefs import Lineage, read_lineage, write_lineage
 
     root = Root(".checkpoints", str(tmp_path / ".checkpoints"))
     lineage = Lineage("file:///mnt/durable", "agents/s1")
@@ -208,7 +208,7 @@ def test_a_crash_mid_restore_leaves_no_record_and_the_next_start_restores_again(
     for _attempt in range(5):
         write_atomic(cps / "stray.json", b"from the image")  # a merge, cut short
         sc = Sidecar(work, "restore", env=env)
-        wait_for(lambda: sc.proc.poll() is not None or placed() > 1, 60, "the first restored file", sc.log,
+        wait_for(lambda sc=sc: sc.proc.poll() is not None or placed() > 1, 60, "the first restored file", sc.log,
                  interval=0.001)
         sc.kill()
         if 1 < placed() < len(files) + 1:

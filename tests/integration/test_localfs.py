@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 import pytest
 
-from sidecar.localfs import OpenDirs, UnsafeTarget, write_restored
+from sidecar.localfs import UnsafeTarget
 from sidecar.paths import Root
+from sidecar.restorefs import OpenDirs, write_restored
 from support import checkpoints_root_with_a_link_out, disk_tree
 
 
@@ -20,10 +22,8 @@ def test_open_dirs_writes_where_the_uncached_walk_does_and_bounds_its_descriptor
         descriptors, left by earlier tests, come and go on their own)."""
         n = 0
         for fd in os.listdir("/proc/self/fd"):
-            try:
+            with contextlib.suppress(OSError):
                 n += os.readlink(f"/proc/self/fd/{fd}").startswith(str(tmp_path))
-            except OSError:
-                pass
         return n
 
     try:

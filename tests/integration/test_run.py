@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -229,10 +230,8 @@ def test_a_stopped_child_still_ends_on_sigterm(work):
         wait_for(lambda: proc_state(child) == "T", 5, "child stopped")
         assert sc.stop(signal.SIGTERM) == 0, sc.log()
     finally:
-        try:
-            os.kill(child, signal.SIGKILL)  # never left behind stopped, whatever happened
-        except ProcessLookupError:
-            pass
+        with contextlib.suppress(ProcessLookupError):  # never left behind stopped, whatever happened
+            os.kill(child, signal.SIGKILL)
     assert store_tree(store) == {"c/last.json": b"written on SIGTERM"}
 
 
@@ -260,10 +259,8 @@ def test_helpers_the_child_left_running_are_ended_with_it(work):
     try:
         wait_for(lambda: proc_state(helper) in (None, "Z"), 10, "the helper to end")
     finally:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(helper, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def test_ctrl_c_on_a_terminal_reaches_the_child_once(work):

@@ -3,6 +3,7 @@ store factory."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, AsyncIterator, Awaitable, Callable  # noqa: E402
 
 import pytest  # noqa: E402
@@ -69,10 +70,8 @@ class AzureStores:
         for store in self.stores:
             await store.aclose()
         async with self.raw() as svc:
-            try:
+            with contextlib.suppress(Exception):  # already gone, or never made
                 await svc.delete_container(self.container)
-            except Exception:  # already gone, or never made
-                pass
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -40,7 +41,7 @@ def snapshot(top) -> dict:
             if os.path.islink(p):
                 out[rel] = ("link", os.readlink(p))
             elif os.path.isfile(p):
-                out[rel] = ("file", open(p, "rb").read(), st.st_mtime_ns)
+                out[rel] = ("file", Path(p).read_bytes(), st.st_mtime_ns)
             else:
                 out[rel] = ("dir",)
     return out

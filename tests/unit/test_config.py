@@ -103,7 +103,7 @@ def _readme_defaults() -> dict[str, str]:
         variables, default, _meaning = [c.strip() for c in row.strip("|").split(" | ", 2)]
         names = [v.strip(" `") for v in variables.split(" / ")]
         defaults = default.split(" / ") if len(names) > 1 else [default]
-        out.update(zip(names, defaults))
+        out.update(zip(names, defaults, strict=True))
     return out
 
 

@@ -160,13 +160,12 @@ def test_a_member_renamed_consistently_is_still_refused():
     changes = [Change("r/a", a, ObjectMeta.of(a, 1, 0o600)), Change("r/b", a, ObjectMeta.of(a, 1, 0o600))]
     tar = io.BytesIO()
     good = encode_bundle("r", changes)
-    with tarfile.open(fileobj=tar, mode="w", format=tarfile.PAX_FORMAT) as t:
-        with tarfile.open(fileobj=io.BytesIO(good)) as src:
-            for m in src.getmembers():
-                data = src.extractfile(m).read()
-                if m.name == "r/b":
-                    m.name = "r/c"
-                t.addfile(m, io.BytesIO(data))
+    with tarfile.open(fileobj=tar, mode="w", format=tarfile.PAX_FORMAT) as t, tarfile.open(fileobj=io.BytesIO(good)) as src:
+        for m in src.getmembers():
+            data = src.extractfile(m).read()
+            if m.name == "r/b":
+                m.name = "r/c"
+            t.addfile(m, io.BytesIO(data))
     with pytest.raises(BundleError, match="not where its header says"):
         decode_bundle(tar.getvalue())
 

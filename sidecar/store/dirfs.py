@@ -1,0 +1,264 @@
+"""The directory store's file-system layer: its layout names, directories and files opened one
+component at a time with ``O_NOFOLLOW`` (a symlink below the base is :class:`_Link`, never followed),
+bounded reads of metadata records, durable (fsynced) writes and unlinks, and the key's lock file name.
+The rules of the store itself are :mod:`sidecar.store.directory`'s."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import json
+import os
+import secrets
+import stat
+
+from sidecar.store.base import OWN_NAMESPACE, Source
+
+META_DIR = ".sidecar-meta"
+TMP_PREFIX = ".sidecar-tmp-"
+#: Entries read per worker-thread call while listing.
+LIST_BATCH = 256
+LONG_META_PREFIX = ".sidecar-long-"
+NAME_MAX = 255  # bytes in one file name (ext4, xfs, tmpfs, NFS, SMB)
+#: The sidecar's own objects (owner marker, bundles): written with their stamp as the mtime too.
+OWN_PREFIX = OWN_NAMESPACE + "/"
+#: File mtimes below this are stamps, not wall-clock times (2^52 ns is in 1970).
+MAX_STAMP_MTIME = 2**52
+#: In ``.sidecar-meta/``: the own objects' lock, and the data keys' lock files (a prefix of).
+OWN_LOCK = ".sidecar-lock"
+KEY_LOCK_PREFIX = ".sidecar-lock-"
+#: Data keys hash to this many lock files: puts of different keys rarely wait for each other.
+LOCK_STRIPES = 64
+
+
+def _bounded(value: object) -> int:
+    """A non-negative integer of a record, or 0 (a record edited by hand)."""
+    number = int(value)  # type: ignore[call-overload]
+    return number if 0 <= number < 2**63 else 0
+
+
+#: A metadata record is a small JSON object; anything larger is not one of ours.
+MAX_RECORD_BYTES = 4096
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+RACE_ATTEMPTS = 10  # makedirs/open retries against concurrent pruning of empty directories
+
+
+class _Link(Exception):
+    """A symlink where the store needs a directory or a file of its own: never followed.
+    ``where`` is its path below the store's base."""
+
+    def __init__(self, where: str) -> None:
+        super().__init__(where)
+        self.where = where
+
+
+def _lstat_at(dfd: int, name: str) -> os.stat_result | None:
+    try:
+        return os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+
+
+def _child_dir(dfd: int, name: str, where: str) -> int:
+    """The directory ``name`` under ``dfd``, never through a symlink (:class:`_Link`);
+    FileNotFoundError when missing, NotADirectoryError when something else stands there."""
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=dfd)
+    except NotADirectoryError:  # O_NOFOLLOW|O_DIRECTORY answers ENOTDIR for a symlink too
+        st = _lstat_at(dfd, name)
+        if st is not None and stat.S_ISLNK(st.st_mode):
+            raise _Link(where) from None
+        raise
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise _Link(where) from None
+        raise
+
+
+def _open_dir(top: str, parts: list[str], create: bool) -> int:
+    """A descriptor of ``top/parts...``, opened one component at a time without following a
+    symlink below ``top`` (``top`` itself may be one); missing directories are made when
+    ``create``, again when a concurrent delete prunes them meanwhile."""
+    for attempt in range(RACE_ATTEMPTS):
+        fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            for i, part in enumerate(parts):
+                where = "/".join(parts[:i + 1])
+                try:
+                    nfd = _child_dir(fd, part, where)
+                except FileNotFoundError:
+                    if not create:
+                        raise
+                    with contextlib.suppress(FileExistsError):
+                        os.mkdir(part, 0o777, dir_fd=fd)
+                    nfd = _child_dir(fd, part, where)
+                os.close(fd)
+                fd = nfd
+            return fd
+        except FileNotFoundError:
+            os.close(fd)
+            if not create or attempt == RACE_ATTEMPTS - 1:
+                raise
+        except BaseException:
+            os.close(fd)
+            raise
+    raise AssertionError("unreachable")
+
+
+def _rel_parts(path: str, top: str) -> list[str]:
+    return os.path.relpath(path, top).split(os.sep)
+
+
+def _read_record_at(dfd: int | None, name: str) -> dict | None:
+    """A metadata record, or None when there is none that can be read safely: missing, not a
+    regular file (a symlink, a FIFO), too large, or not a small JSON object."""
+    if dfd is None:
+        return None
+    try:
+        fd = os.open(name, _READ_FLAGS, dir_fd=dfd)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        raw = os.read(fd, MAX_RECORD_BYTES + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    if len(raw) > MAX_RECORD_BYTES:
+        return None
+    try:
+        rec = json.loads(raw)
+    except ValueError:
+        return None
+    return rec if isinstance(rec, dict) else None
+
+
+def _meta_name(name: str) -> str:
+    """The metadata record's file name for a data file called ``name``."""
+    if len(name.encode("utf-8", "surrogateescape")) + len(".json") <= NAME_MAX:
+        return name + ".json"
+    return LONG_META_PREFIX + hashlib.sha256(name.encode("utf-8", "surrogateescape")).hexdigest() + ".json"
+
+
+def _meta_path(top: str, rel: str) -> str:
+    head, _, name = rel.rpartition("/")
+    return os.path.join(top, META_DIR, *([head] if head else []), _meta_name(name))
+
+
+def _fsync_dir(fd: int) -> None:
+    os.fsync(fd)
+
+
+def _remove_durably(path: str, top: str) -> None:
+    """Unlink ``path`` (if there) and fsync its directory, reached from ``top`` without following
+    a symlink (:class:`_Link`, also for a symlink at ``path`` itself: it is not removed)."""
+    *head, name = _rel_parts(path, top)
+    try:
+        dfd = _open_dir(top, head, create=False)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    try:
+        st = _lstat_at(dfd, name)
+        if st is None:
+            return
+        if stat.S_ISLNK(st.st_mode):
+            raise _Link("/".join(head + [name]))
+        try:
+            os.unlink(name, dir_fd=dfd)
+        except FileNotFoundError:
+            return
+        _fsync_dir(dfd)
+    finally:
+        os.close(dfd)
+
+
+def _unlink_durably(dfd: int, name: str) -> bool:
+    """Unlink ``name`` in ``dfd`` and fsync the directory; False when it was not there."""
+    try:
+        os.unlink(name, dir_fd=dfd)
+    except (FileNotFoundError, IsADirectoryError):
+        return False
+    _fsync_dir(dfd)
+    return True
+
+
+def _new_temp(dfd: int) -> tuple[str, int]:
+    name = TMP_PREFIX + secrets.token_hex(6)
+    return name, os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                         dir_fd=dfd)
+
+
+def _fill(fd: int, data: "bytes | Source", mode: int, mtime_ns: int | None) -> os.stat_result:
+    """Write ``data`` to the temp file ``fd``, set its mode and mtime, fsync and close it; its
+    final status."""
+    with os.fdopen(fd, "wb") as f:
+        if isinstance(data, bytes):
+            f.write(data)
+        else:  # streamed; raises after the last chunk if the source changed
+            for chunk in data.iter_sync():
+                f.write(chunk)
+        f.flush()
+        os.fchmod(f.fileno(), mode & 0o7777)
+        if mtime_ns is not None:
+            os.utime(f.fileno(), ns=(mtime_ns, mtime_ns))
+        os.fsync(f.fileno())
+        return os.fstat(f.fileno())
+
+
+def _temp_in(top: str, parts: list[str]) -> tuple[int, str, int]:
+    """A new temp file in the directory ``top/parts...`` (made if missing, never through a
+    symlink): the directory's descriptor, the temp's name and its descriptor."""
+    for attempt in range(RACE_ATTEMPTS):
+        dfd = _open_dir(top, parts, create=True)
+        try:
+            name, fd = _new_temp(dfd)
+        except FileNotFoundError:
+            # A concurrent delete pruned the empty directory between its open and the temp's
+            # creation: make it again. (Once the temp is in it, it is not empty any more.)
+            os.close(dfd)
+            if attempt == RACE_ATTEMPTS - 1:
+                raise
+            continue
+        except BaseException:
+            os.close(dfd)
+            raise
+        return dfd, name, fd
+    raise AssertionError("unreachable")
+
+
+def _unlink_quietly(dfd: int, name: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(name, dir_fd=dfd)
+
+
+def _write_atomic(path: str, data: "bytes | Source", mode: int = 0o600, mtime_ns: int | None = None, *,
+                  top: str) -> os.stat_result:
+    """Write ``path`` via temp + fsync + rename + dir fsync, reaching its directory from ``top``
+    without following a symlink; returns the file's final status."""
+    *head, name = _rel_parts(path, top)
+    dfd, tmp, fd = _temp_in(top, head)
+    try:
+        try:
+            final = _fill(fd, data, mode, mtime_ns)
+            if (st := _lstat_at(dfd, name)) is not None and stat.S_ISLNK(st.st_mode):
+                raise _Link("/".join(head + [name]))  # rename would replace it: not ours to remove
+            os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            _unlink_quietly(dfd, tmp)
+            raise
+        _fsync_dir(dfd)
+        return final
+    finally:
+        os.close(dfd)
+
+
+def _lock_name(key: str) -> str:
+    if key.startswith(OWN_PREFIX):
+        return OWN_LOCK  # the same file as releases that lock only their own objects
+    stripe = int.from_bytes(hashlib.sha256(key.encode("utf-8", "surrogateescape")).digest()[:4], "big")
+    return f"{KEY_LOCK_PREFIX}{stripe % LOCK_STRIPES:02d}"
