@@ -23,22 +23,11 @@ from typing import Any, Awaitable, Callable, NoReturn
 import anyio
 
 from sidecar import __version__, lifecycle, log
-from sidecar.config import SETTING_NAMES, ConfigError, SettingDoc, load, setting_docs
+from sidecar.config import ConfigError, SettingDoc, command_settings, load, setting_docs
 from sidecar.errors import EXIT_CODES_HELP, EXIT_CONFIG, StoreConfigError, fail, leaves
 
-#: The settings each command uses (its flags); the environment's SIDECAR_* variables are read
-#: whatever the command, so one environment serves every command of a deployment.
-_ALL = tuple(SETTING_NAMES)
-_LOGGING = ("log_level", "log_format")
-_STORE = ("store", "layout", "roots", "prefix", "session_namespace")
-COMMAND_SETTINGS: dict[str, tuple[str, ...]] = {
-    "restore": _STORE + ("restore", "restore_optional", "restore_corrupt", "concurrency") + _LOGGING,
-    "sync": _ALL,
-    "run": _ALL,
-    "status": _STORE + ("ignore",) + _LOGGING,
-    "probe": ("http_addr",) + _LOGGING,
-    "release": ("store", "prefix", "session_namespace") + _LOGGING,
-}
+#: The settings each command takes and applies: derived from the settings model.
+COMMAND_SETTINGS = command_settings()
 
 _EPILOG = {
     "restore": "0 once the state is back on disk (or nothing was stored); 1 when the store cannot be read",

@@ -215,10 +215,17 @@ class _Environment(EnvSettingsSource):
         return {k if self.case_sensitive else k.lower(): v for k, v in environ.items()}
 
 
-def _doc(default: str) -> dict[str, Any]:
-    """``json_schema_extra`` naming a default the way the help and docs/CONFIGURATION.md show it (for a
-    default that is computed)."""
-    return {"doc_default": default}
+#: The commands that mirror take every setting; each of the others takes the settings whose field
+#: names it (:func:`_uses`): its flags, and what it applies.
+MIRRORING_COMMANDS = ("sync", "run")
+ONE_SHOT_COMMANDS = ("restore", "status", "probe", "release")
+
+
+def _uses(*commands: str, default: str | None = None) -> dict[str, Any]:
+    """``json_schema_extra``: the one-shot commands that use the setting (besides sync and run), and
+    a computed default named the way the help and docs/CONFIGURATION.md show it."""
+    assert set(commands) <= set(ONE_SHOT_COMMANDS), commands
+    return {"commands": commands} | ({"doc_default": default} if default is not None else {})
 
 
 class Settings(BaseSettings):
@@ -234,28 +241,34 @@ class Settings(BaseSettings):
 
     store: Text = Field(default_factory=default_store, description="file:///dir, a path, or an Azure Blob "
                         "container URL https://<account>.blob.core.windows.net/<container>[/<prefix>]",
-                        json_schema_extra=_doc("$XDG_STATE_HOME/checkpoint-sidecar/store"))
+                        json_schema_extra=_uses("restore", "status", "release",
+                                                default="$XDG_STATE_HOME/checkpoint-sidecar/store"))
     layout: Layout = Field("agent-framework", description="which host's state to mirror: agent-framework "
-                           "(.checkpoints,.function_approvals) or agentserver ($AGENTSERVER_STATE_ROOT)")
+                           "(.checkpoints,.function_approvals) or agentserver ($AGENTSERVER_STATE_ROOT)",
+                           json_schema_extra=_uses("restore", "status"))
     roots: Words = Field(default_factory=list, description="comma-separated trees to mirror (overrides the layout)",
-                         json_schema_extra=_doc("from the layout"))
+                         json_schema_extra=_uses("restore", "status", default="from the layout"))
     commit: Commit = Field(
         "auto", description="per-file, or snapshot: crash-consistent across files (auto: snapshot for agentserver)")
-    prefix: Text = Field("", description="namespace inside the store; may refer to variables, e.g. 'agents/{POD_NAME}'")
+    prefix: Text = Field("", description="namespace inside the store; may refer to variables, e.g. 'agents/{POD_NAME}'",
+                         json_schema_extra=_uses("restore", "status", "release"))
     session_namespace: SessionNamespace = Field(
         "auto", description="auto: each platform session (FOUNDRY_AGENT_SESSION_ID) in <prefix>/<agent>/<session> "
                             "(a template that does not place the session: <template>/<session>); "
-                            "off: the prefix as written")
+                            "off: the prefix as written", json_schema_extra=_uses("restore", "status", "release"))
     ignore: Words = Field(default_factory=lambda: list(DEFAULT_IGNORE), description="comma-separated basename globs "
-                          "never mirrored", json_schema_extra=_doc(",".join(DEFAULT_IGNORE)))
+                          "never mirrored", json_schema_extra=_uses("restore", "status", default=",".join(DEFAULT_IGNORE)))
 
     restore: RestoreRule = Field(
-        "auto", description="restore rule: auto fills empty roots from the store, skip, force")
-    restore_optional: Bool = Field(False, description="start even when the store cannot be reached (not recommended)")
+        "auto", description="restore rule: auto fills empty roots from the store, skip, force",
+        json_schema_extra=_uses("restore"))
+    restore_optional: Bool = Field(False, description="start even when the store cannot be reached (not recommended)",
+                                 json_schema_extra=_uses("restore"))
     restore_corrupt: CorruptRule = Field(
         "fail", description="a stored object whose bytes fail their sha256: fail the restore, or skip it "
-                            "(left out, reported, kept in the store)")
-    concurrency: Int = Field(16, ge=1, le=256, description="store operations in flight (uploads, downloads)")
+                            "(left out, reported, kept in the store)", json_schema_extra=_uses("restore"))
+    concurrency: Int = Field(16, ge=1, le=256, description="store operations in flight (uploads, downloads)",
+                       json_schema_extra=_uses("restore", "status", "release"))
     debounce_ms: Int = Field(25, ge=2, le=1000,
                              description="watcher polling step while idle, ms: first-write latency vs idle CPU")
     reconcile_interval: Seconds = Field(120.0, description="seconds between local rescans (0: off)")
@@ -268,11 +281,13 @@ class Settings(BaseSettings):
     heartbeat_interval: Seconds = Field(900.0, description="seconds between rewrites of the owner marker's heartbeat "
                                         "while mirroring (0: never; ownership is proven by reading it)")
     max_file_size: Int = Field(256 * 1024 * 1024, ge=1, le=2**63 - 1,
-                               description="bytes; larger files are not mirrored")
+                               description="bytes; larger files are not mirrored", json_schema_extra=_uses("restore"))
     http_addr: Text = Field(f"127.0.0.1:{DEFAULT_HTTP_PORT}",
-                            description="host:port of /livez /readyz /metrics ('' disables)")
-    log_level: LogLevel = Field("info", description="log level")
-    log_format: LogFormat = Field("auto", description="auto (json unless stderr is a terminal), json, text")
+                            description="host:port of /livez /readyz /metrics ('' disables)",
+                            json_schema_extra=_uses("probe"))
+    log_level: LogLevel = Field("info", description="log level", json_schema_extra=_uses(*ONE_SHOT_COMMANDS))
+    log_format: LogFormat = Field("auto", description="auto (json unless stderr is a terminal), json, text",
+                                  json_schema_extra=_uses(*ONE_SHOT_COMMANDS))
 
     _namespace: Namespace = PrivateAttr(default_factory=Namespace)
     _platform: str | None = PrivateAttr(default=None)
@@ -388,6 +403,7 @@ class SettingDoc:
     default: str  # as documented: `16`, `empty`, `from the layout`...
     choices: tuple[str, ...]
     kind: str  # "text", "list", "int", "float", "bool", "choice"
+    commands: tuple[str, ...]  # the commands that take it (its flag) and apply it
 
 
 def _kind(annotation: Any) -> tuple[str, tuple[str, ...]]:
@@ -414,11 +430,19 @@ def setting_docs() -> tuple[SettingDoc, ...]:
     out = []
     for name, f in Settings.model_fields.items():
         kind, choices = _kind(f.annotation)
-        extra = f.json_schema_extra if isinstance(f.json_schema_extra, dict) else {}
+        extra: dict[str, Any] = f.json_schema_extra if isinstance(f.json_schema_extra, dict) else {}
         default = str(extra.get("doc_default") or _shown_default(f.default))
         out.append(SettingDoc(name, ENV_PREFIX + name.upper(), "--" + name.replace("_", "-"),
-                              f.description or "", default, choices, kind))
+                              f.description or "", default, choices, kind,
+                              MIRRORING_COMMANDS + tuple(extra.get("commands", ()))))
     return tuple(out)
+
+
+def command_settings() -> dict[str, tuple[str, ...]]:
+    """The settings each command takes (its flags) and applies, in declaration order; the
+    environment's SIDECAR_* variables are read whatever the command, so one environment serves
+    every command of a deployment."""
+    return {c: tuple(d.name for d in setting_docs() if c in d.commands) for c in MIRRORING_COMMANDS + ONE_SHOT_COMMANDS}
 
 
 SETTING_NAMES = tuple(Settings.model_fields)

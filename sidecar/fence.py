@@ -1,57 +1,33 @@
-"""Fencing: when a new compute's sidecar starts while an old one is still draining, the old one must
-never overwrite or delete the new one's files.
+"""Fencing: a draining sidecar never overwrites or deletes its successor's files. The rules; why
+they suffice (time-based fencing as in lease protocols): docs/MIRRORING.md, "Fencing".
 
 The store holds an owner marker, ``.sidecar/owner``: ``{"generation": stamp, "owner": id,
 "heartbeat": unix time or 0 once released, "identity": {variable: value}}``, written with
-``version = stamp`` so the store's supersede rule refuses a marker with a lower stamp (the
-heartbeat is for people: no decision reads its time). A stamp is the generation in its high bits and 32 random bits
-below (:func:`next_stamp`): two sidecars that claim the same generation at the same moment never
-hold the same stamp, so the store keeps exactly one of them and the other is fenced at its next
-proof (within ``window`` seconds; before any write when its claim is the one refused). A marker of
-an older version (``generation`` a plain small number) is below every stamp, and an older version
-reading a stamp claims ``stamp + 1``, which is above it. The fence is the only writer of the
-marker; every other write goes through :class:`sidecar.writer.Writer`, which asks
-:meth:`Fence.before_write` first. Protocol:
+``version = stamp`` so the store's supersede rule refuses a marker with a lower stamp. A stamp is
+the generation in its high bits and 32 random bits below (:func:`next_stamp`). A marker of an older
+version (``generation`` a plain small number) is below every stamp; an older version reading a
+stamp claims ``stamp + 1``. The fence is the only writer of the marker; every other write goes
+through :class:`sidecar.writer.Writer`, which asks :meth:`Fence.before_write` first.
 
-* **claim** (start-up, once the restore is done, beside the first reconcile): read the marker, write
-  the next stamp (a compare-and-swap on the marker as read). No write of ours happens before it.
-  If the previous owner has not released the namespace (heartbeat not 0: still draining, or gone
-  without a word), wait one write window plus the margin before the first write of ours, on our
-  own monotonic clock: no timestamp of another machine is ever compared with ours (reads,
-  restore, the host's start and readiness are not delayed, only our uploads).
-* **proof, before writing**, at most once per ``window`` seconds: *read* the marker. Finding our
-  stamp there proves ownership for one window from the moment the read was sent: a read served
-  at t0 that shows our stamp means no successor had claimed by t0, and a successor that claims
-  after t0 waits ``window + margin`` after its claim before its first write, so our writes until
-  t0 + window cannot land among its own (t0 is after the send time, so the window is counted
-  from the send). A higher stamp there: we are fenced, nothing more is written, and the work
-  stays pending for the operator to see. No marker, or a lower one (deleted, rolled back): ours
-  is written again, which the store's supersede rule refuses if a higher one is there. This
-  relies on the store's reads seeing every write that finished before them (Azure Blob Storage
-  and a directory are strongly consistent).
-* **heartbeat**, every ``SIDECAR_HEARTBEAT_INTERVAL`` while mirroring (0: never): the marker is
-  rewritten with a fresh time, a compare-and-swap on our stamp, so a fenced sidecar's heartbeat
-  never brings its claim back; a refused heartbeat is settled by a proof. It is for people (and
-  for deciding later what a live owner holds), never for a proof: idle with it off costs nothing.
+* **claim** (once the restore is done): read the marker, write the next stamp (a compare-and-swap
+  on the marker as read); no write of ours before it. The claim's generation is above every
+  version stored in the namespace (``floor``, from the start-up listing), not only the marker's.
+  If the previous owner has not released (heartbeat not 0), the first write waits
+  ``window + margin`` after the claim on our own monotonic clock; reads are not delayed.
+* **proof, before writing**, at most once per ``window`` seconds: *read* the marker. Our stamp
+  there proves ownership for one window from the moment the read was sent. A higher stamp: fenced,
+  nothing more is written, the work stays pending. No marker or a lower one: ours is written again
+  (the store refuses it if a higher one is there).
+* **heartbeat**, every ``SIDECAR_HEARTBEAT_INTERVAL`` while mirroring (0: never): the marker with
+  a fresh time, a compare-and-swap on our stamp; a refused one is settled by a proof. No proof or
+  decision reads its time.
 * **release** (a clean exit): the heartbeat 0, our stamp kept; no write of ours follows it.
+* **identity**: the marker names the compute identity that owns the namespace
+  (:mod:`sidecar.namespace`). A sidecar of another identity, or of none, is refused before it
+  restores (:func:`check_identity`) and at its claim or next proof; it never fences the owner's
+  successors. A marker without an identity is taken over by anyone; one that cannot be read
+  (garbled, too large) by no one (``release`` rewrites it).
 
-* **versions**: a claim's generation is above every version already stored in the namespace
-  (``floor``: the highest, from the start-up listing), not only above the marker's: a lost,
-  rolled-back or copied marker, or objects copied in from another namespace, never leave this
-  sidecar's writes older than what is stored.
-
-* **identity**: the marker names the compute identity that owns the namespace (the session id, or
-  the values ``SIDECAR_PREFIX`` refers to; see :mod:`sidecar.namespace`). A sidecar of another
-  identity, or of none, is refused before it restores (:func:`check_identity`) and, should two
-  start at once on an empty namespace, at its claim or its next proof: it never fences the
-  owner's successors. A marker without an identity (written by an older release, with a fixed
-  prefix, or by :func:`hand_over`) is taken over by anyone; one that cannot be read (garbled,
-  too large) by no one: ``release`` rewrites it.
-
-A writer thus writes only within ``window`` seconds of proving it still owns the prefix, and a new
-owner waits ``window + margin`` after its claim before writing: time-based fencing as in lease
-protocols, correct while the two machines' clocks run at about the same rate (a stall longer than
-``margin`` inside one write is the limit), whatever time they show.
 Requests: one marker read per window while writing, none while idle; the heartbeat's writes."""
 
 from __future__ import annotations

@@ -1,50 +1,26 @@
 """Watch the roots with inotify (``watchfiles``) and report changed paths as hints.
 
-Events are hints only: the uploader stats and reads each path when it handles it. ``watchfiles``
-yields an unordered set per batch and drops events without a path (queue overflow), so the
-periodic reconcile is what guarantees convergence; this module is what makes it fast.
+Rules (the reasons: docs/MIRRORING.md, "The watcher"):
 
-What is watched: every real directory of the roots, each with a watch of its own (the engine in
-non-recursive mode, given the list), found by a walk that never follows a symlink and visits each
-directory (device, inode) once. The engine's recursive mode would follow symlinks (the notify
-crate walks with them followed), so ``ln -s /usr .checkpoints/x`` would cost a watch per
-directory of /usr, and a bind mount of an ancestor inside a root would be walked again. A root
-that is itself a symlink to a directory is followed. The engine cannot add a watch to a running
-instance, so a directory created or moved in (an *added* event for a directory not watched under
-that path and identity) rebuilds the watch: the new instance is made while the old one still runs
-(nothing written meanwhile goes unseen; the old one's last events are handed over before it is
-closed), then the new directories are handed over again (the uploader scans a directory hint) for
-the files written before their watch existed. Such a rebuild walks the tree (about 25 µs a
-directory, the GIL mostly free) and makes the engine (15-25 µs a directory, the GIL held
-throughout: the engine adds one watch at a time through its event-loop thread), so its cost
-grows with the tree, and rebuilds are spaced (:data:`GROW_SPACING`): a burst of new directories
-costs a bounded share of the time.
-
-Roots that do not exist yet are polled (cheaply, a ``stat`` each) and the inotify watch is rebuilt
-when one appears, disappears or is replaced; ``on_roots_changed`` is then called with every root so
-the caller can rescan them (files created before the watch existed produce no event, and the other
-roots' events not yet handed over went with the old watch).
-
-Queue overflow: when the kernel's inotify queue (``/proc/sys/fs/inotify/max_queued_events`` events
-per watch instance) fills, the kernel drops events and ``watchfiles`` drops the overflow notice
-itself. Worse than the lost events, directories created meanwhile never get a watch of their own,
-so later writes in them produce no event at all until the watch is rebuilt. An overflow can only
-happen while the reader is behind by a whole queue (the process was stopped or starved), and then
-the backlog arrives as one batch of that order: a single batch of at least an eighth of the queue
-(changes are de-duplicated events) rebuilds the watch and rescans the roots, at most once per
-:data:`OVERFLOW_COOLDOWN` seconds (a rescan owed meanwhile runs when it ends). A steady stream of
-writes, however fast, comes in small batches and never triggers it.
-
-Used-up limits: inotify instances and watches are counted per user across the node
-(``fs.inotify.max_user_instances``, ``max_user_watches``; ``/proc/sys/user/max_inotify_*`` per
-user namespace). The engine reports no instance left as ``WatchfilesRustInternalError`` ("Too many
-open files (os error 24)"), and a watch refused as ``OSError`` ("OS file watch limit reached")
-only with ``ignore_permission_denied`` off: with it on, every failed watch is skipped silently.
-So watches are made with it off, and the walk leaves out what could not be watched anyway
-(directories this process cannot read). When a limit is used up the watcher degrades instead of
-failing: it rescans every root each :data:`POLL_SECONDS` (through ``on_roots_changed``), says so
-once (``watch_polling``), to ``on_polling`` (the daemon's Health: ``/readyz``) and in
-``checkpoint_sidecar_watch_polling``, and tries inotify again every :data:`POLL_RETRY_SECONDS`.
+* Events are hints only: the uploader stats and reads each path when it handles it; the periodic
+  reconcile guarantees convergence, the watcher makes it fast.
+* Every real directory of the roots has a watch of its own (the engine in non-recursive mode, given
+  the list), found by a walk that never follows a symlink below a root (a root that is itself one
+  is followed) and visits each directory (device, inode) once.
+* A directory added that is not watched under that path and identity rebuilds the watch: the new
+  instance is made while the old one still runs, the old one's last events are handed over before
+  it is closed, then the new directories are handed over as hints. Rebuilds are spaced
+  (:data:`GROW_SPACING`).
+* Roots that do not exist yet are polled (a ``stat`` each); when one appears, disappears or is
+  replaced the watch is rebuilt and ``on_roots_changed`` is called with every root.
+* A single batch of at least an eighth of the inotify queue is taken for an overflow: the watch is
+  rebuilt and the roots rescanned, at most once per :data:`OVERFLOW_COOLDOWN` seconds (a rescan
+  owed meanwhile runs when it ends).
+* Watches are made with ``ignore_permission_denied`` off; the walk leaves out directories this
+  process cannot read. When an inotify limit is used up the watcher rescans every root each
+  :data:`POLL_SECONDS` (through ``on_roots_changed``), says so once (``watch_polling``), to
+  ``on_polling`` (the daemon's Health) and in ``checkpoint_sidecar_watch_polling``, and tries
+  inotify again every :data:`POLL_RETRY_SECONDS`.
 """
 
 from __future__ import annotations

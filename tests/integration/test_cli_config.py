@@ -85,7 +85,7 @@ def test_flags_are_never_abbreviated_and_usage_errors_are_one_line(tmp_path):
     env = env_for(tmp_path)
     for args, hint in [
         (("restore", "--stor", str(tmp_path / "elsewhere")), "did you mean --store?"),
-        (("status", "--concurrency", "3"), "--concurrency is not an option of status, only of restore, run, sync"),
+        (("status", "--drain-timeout", "3"), "--drain-timeout is not an option of status, only of run, sync"),
         (("probe", "ready", "--store", "x"), "--store is not an option of probe"),
         (("probe", "ready", "--timeout", "nan"), "argument --timeout"),
     ]:
