@@ -10,6 +10,8 @@ Data flow (top-down)::
 
 from __future__ import annotations
 
+import os
+import stat
 import time
 from functools import cached_property, partial
 from typing import TYPE_CHECKING, Any
@@ -20,10 +22,10 @@ from anyio.abc import TaskStatus
 
 from sidecar import log, metrics
 from sidecar.config import Settings
-from sidecar.fence import check_identity
+from sidecar.fence import OWNER_KEY, check_identity
 from sidecar.health import Health, Phase, RestorePhase
 from sidecar.known import StoreState
-from sidecar.listing import list_store
+from sidecar.listing import Listing, list_store
 from sidecar.localfs import Gaps, LocalStat, absent, below_root_without_links, has_regular_files, scan_root
 from sidecar.paths import IgnoreRules, Root, is_within
 from sidecar.plan import Protected, RootKeep, plan_reconcile_queue, plan_root_keep
@@ -154,7 +156,26 @@ class Daemon:
         self.restored = result
         self.health.restore_phase(RestorePhase.DONE)
         await self._keep(set(result.refused) | set(result.quarantined))
+        await anyio.to_thread.run_sync(self._skip_merged_kept, result)
+        _warn_nested_namespaces(self.roots, listing)
         return result
+
+    def _skip_merged_kept(self, result: RestoreResult) -> None:
+        """In a merged root (a disk this namespace did not fill), a local file at the path of a key
+        the restore refused or set aside is not the host's (an image's stale copy, say): that version
+        is skipped, never uploaded over the stored object; once the host writes it, it is mirrored."""
+        merged = {d.name for d in result.decisions if d.merge}
+        by_name = {r.name: r for r in self.roots}
+        for key in set(result.refused) | set(result.quarantined):
+            name, _, rel = key.partition("/")
+            if name not in merged or name not in by_name or not rel:
+                continue
+            try:
+                st = os.lstat(os.path.join(by_name[name].path, rel))
+            except (OSError, ValueError):
+                continue
+            if stat.S_ISREG(st.st_mode):
+                self.known.skip(key, (st.st_size, st.st_mtime_ns, st.st_ctime_ns))
 
     async def _keep(self, refused: set[str]) -> None:
         """Add the keys this start's restore refused or set aside to those earlier starts recorded
@@ -285,7 +306,7 @@ class Daemon:
         else:
             known = {k: v for k, v in remote.items() if k.split("/", 1)[0] in names}
         busy = self.uploader.pending_keys()
-        await self._forget_kept(set(local))
+        await self._forget_kept({k for k, st in local.items() if not self.known.still_skipped(k, st)})
         plan = plan_reconcile_queue(local, known, known_before=known_before, busy=busy,
                                     still_skipped=self.known.still_skipped, protected=self.protected(gaps))
         upload, delete = plan.upload, plan.delete
@@ -406,6 +427,17 @@ class Daemon:
         else:
             log.info("shutdown_flushed", seconds=round(time.monotonic() - t0, 3), **totals)
         return len(left)
+
+
+def _warn_nested_namespaces(roots: list[Root], listing: Listing) -> None:
+    """Say once when a root's name is a session namespace nested in this one (its owner marker is
+    listed): that namespace's own records are never restored, uploaded or deleted through the root."""
+    unsafe = {key for key, _why in listing.unsafe}
+    for root in roots:
+        if f"{root.name}/{OWNER_KEY}" in unsafe:
+            log.warning("root_is_namespace", root=root.path, name=root.name,
+                        detail="a session namespace of this name lies in the store beside this root: its records "
+                               "are left alone; name the root differently or change SIDECAR_PREFIX")
 
 
 def _not_on_disk(keys: list[str], roots_by_name: dict[str, Root], ignore: IgnoreRules) -> list[str]:

@@ -101,6 +101,8 @@ class Hints:
         except OSError:
             return
         if stat.S_ISREG(st.st_mode):
+            if self.known.skipped_version(key, (st.st_size, st.st_mtime_ns, st.st_ctime_ns)):
+                return  # the very version skipped (an event that changed nothing): left alone
             self.intents.mark(key, UPLOAD)
             replaced += self.known.replaced_by(key)
         elif stat.S_ISDIR(st.st_mode):

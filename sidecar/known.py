@@ -137,7 +137,11 @@ class StoreState:
 
     def still_skipped(self, key: str, st: LocalStat) -> bool:
         """True when ``key`` was skipped and its file (``st``, from a scan) has not changed since."""
-        return self._skipped.get(key) == (st.size, st.mtime_ns, st.ctime_ns)
+        return self.skipped_version(key, (st.size, st.mtime_ns, st.ctime_ns))
+
+    def skipped_version(self, key: str, sig: Signature) -> bool:
+        """True when the version ``sig`` of ``key`` is the one skipped."""
+        return self._skipped.get(key) == sig
 
     # -- snapshot bundles ------------------------------------------------------------------
     def add_bundle(self, root_name: str) -> None:

@@ -16,7 +16,7 @@ from typing import AsyncIterator, Generator
 import anyio
 
 from sidecar import log
-from sidecar.paths import MAX_KEY_BYTES, IgnoreRules, Root
+from sidecar.paths import MAX_KEY_BYTES, RESERVED_NAMES, IgnoreRules, Root
 from sidecar.store.base import CHUNK_BYTES, ObjectMeta
 
 
@@ -103,7 +103,8 @@ def scan_root(root: Root, ignore: IgnoreRules, gaps: Gaps | None = None) -> tupl
                     if entry.is_symlink():
                         links.append(key)
                     elif entry.is_dir(follow_symlinks=False):
-                        stack.append((key, entry.path))
+                        if entry.name not in RESERVED_NAMES:  # a nested namespace's own records: never mirrored
+                            stack.append((key, entry.path))
                     elif entry.is_file(follow_symlinks=False) and not ignored(entry.name):
                         if len(key) > MAX_KEY_BYTES and len(key.encode("utf-8", "surrogateescape")) > MAX_KEY_BYTES:
                             gaps.unstorable.append(key)

@@ -117,8 +117,16 @@ def validate_relpath(rel: str) -> list[str]:
     return parts
 
 
+def _check_reserved(parts: list[str], key: str) -> None:
+    """:class:`UnsafeKey` when a component below the root is one of :data:`RESERVED_NAMES`: a
+    root named like a nested namespace must never read, write or delete that namespace's own
+    records (its owner marker, the directory store's metadata)."""
+    if any(part in RESERVED_NAMES for part in parts):
+        raise UnsafeKey(f"name has a component reserved by the sidecar (.sidecar, .sidecar-meta): {key!r}")
+
+
 def make_key(root: Root, rel: str) -> str:
-    validate_relpath(rel)
+    _check_reserved(validate_relpath(rel), rel)
     return f"{root.name}/{rel}"
 
 
@@ -128,13 +136,15 @@ def split_key(key: str, roots_by_name: dict[str, Root]) -> tuple[Root, list[str]
     Raises :class:`UnsafeKey` for any key that is not a plain relative path of a configured root,
     and for a name of the sidecar's own files in roots (:data:`INTERNAL_IGNORE`: its control files,
     restore temp files): no upload ever stores one (they are ignored at every depth), and placed on
-    a disk it would pass for the sidecar's own record.
+    a disk it would pass for the sidecar's own record. A component named like the store's own
+    records (:data:`RESERVED_NAMES`, at any depth) is refused too: never restored, uploaded or deleted.
     """
     parts = validate_relpath(key)
     if len(parts) < 2:
         raise UnsafeKey(f"name has no path below a root: {key!r}")
     if _INTERNAL(parts[-1]):
         raise UnsafeKey(f"name is one of the sidecar's own files in roots: {key!r}")
+    _check_reserved(parts[1:], key)
     root = roots_by_name.get(parts[0])
     if root is None:
         raise UnsafeKey(f"name belongs to no configured root: {key!r}")

@@ -578,9 +578,20 @@ async def restore(
 
 async def _read_disk(root: Root, lineage: Lineage, ignore: IgnoreRules | None) -> Disk:
     """What the disk says of ``root`` before the restore (see :class:`~sidecar.restoreplan.Disk`)."""
+    _warn_other_lineage(root, lineage, await anyio.to_thread.run_sync(read_lineage, root))
     return Disk(has_files=await anyio.to_thread.run_sync(has_regular_files, root.path, ignore),
                 cut_short=restore_cut_short(root),
                 held=await anyio.to_thread.run_sync(read_lineage, root) == lineage)
+
+
+def _warn_other_lineage(root: Root, lineage: Lineage, recorded: Lineage | None) -> None:
+    """Say so when ``root`` records another store or namespace: it is merged, never silently."""
+    if recorded is not None and (recorded.store, recorded.namespace) != (lineage.store, lineage.namespace):
+        log.warning("lineage_other", root=root.path, recorded_store=recorded.store,
+                    recorded_namespace=recorded.namespace or "-", store=lineage.store,
+                    namespace=lineage.namespace or "-",
+                    detail="this disk was filled or mirrored by another store or namespace: it is not the truth "
+                           "here, and the stored files are merged into it")
 
 
 async def _finish(finish: Finish, by_name: dict[str, Root], lineage: Lineage, result: RestoreResult) -> None:

@@ -73,3 +73,23 @@ def test_our_own_files_are_ignored_whatever_the_configured_patterns():
     assert ig.ignored("ctx/.sidecar-restore-00ff")  # ...never our restore temp files
     assert ig.ignored(".sidecar-restoring")  # ...nor the restore marker
     assert not IgnoreRules([]).ignored("x.tmp")
+
+
+@pytest.mark.parametrize("key", [".checkpoints/.sidecar/owner", ".checkpoints/s/.sidecar-meta/x.json",
+                                 ".checkpoints/a/b/.sidecar/owner"])
+def test_a_component_named_like_the_stores_own_records_is_refused(key, tmp_path):
+    """A root named like a nested namespace must never restore, upload or delete its records."""
+    from sidecar.localfs import scan_root
+    from sidecar.paths import make_key
+
+    with pytest.raises(UnsafeKey):
+        split_key(key, ROOTS)
+    root = Root(".checkpoints", str(tmp_path / ".checkpoints"))
+    with pytest.raises(UnsafeKey):
+        make_key(root, key.split("/", 1)[1])
+    target = tmp_path / key
+    target.parent.mkdir(parents=True)
+    target.write_bytes(b"x")
+    (tmp_path / ".checkpoints" / "plain.json").write_bytes(b"y")
+    assert set(scan_root(root, IgnoreRules())[0]) == {".checkpoints/plain.json"}
+    assert split_key(".checkpoints/sidecar/.sidecarx/owner", ROOTS)[1] == ["sidecar", ".sidecarx", "owner"]
