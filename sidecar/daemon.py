@@ -30,6 +30,7 @@ from sidecar.localfs import Gaps, LocalStat, absent, below_root_without_links, h
 from sidecar.paths import IgnoreRules, Root, is_within
 from sidecar.plan import Protected, RootKeep, plan_reconcile_queue, plan_root_keep
 from sidecar.restorefs import lineage_recorded, load_kept, read_lineage, restore_cut_short, save_kept
+from sidecar.restoreplan import holds
 from sidecar.restorer import RestoreResult, lineage_of, record_lineage, restore
 from sidecar.retry import reported_wait, retry_transient
 from sidecar.store.base import Store, StoreError
@@ -69,7 +70,11 @@ class Daemon:
         #: roots still holding a cut-short restore (not restored again, e.g. ``--no-restore``): a
         #: fragment of the stored state, so their stored files are never deleted
         self.incomplete: set[str] = set()
-        #: the lineage this sidecar's roots are recorded with (see sidecar.restorer.lineage_of)
+        #: the owner marker's generation read before the restore: a root's record must be no older
+        #: for the disk to be held (see sidecar.restoreplan.holds)
+        self.marker_generation = 0
+        #: the lineage this sidecar's roots are recorded with (see sidecar.restorer.lineage_of): the
+        #: marker's generation until our claim, ours after it
         self.lineage = lineage_of(store, settings.namespace.path)
         #: roots that are this namespace's but did not exist at the restore: recorded before their
         #: first upload is queued
@@ -142,12 +147,13 @@ class Daemon:
                             "the store to answer (and, with a managed identity, a token)", store=self.store.description)
         log.info("store", store=self.store.description, namespace=ns.describe())
         # another session's namespace is never restored from (nor, later, claimed)
-        await retry_transient(partial(check_identity, self.store, ns.identity, ns.path), "read the owner marker",
-                              deadline)
+        self.marker_generation = await retry_transient(partial(check_identity, self.store, ns.identity, ns.path),
+                                                       "read the owner marker", deadline)
+        self.lineage = lineage_of(self.store, ns.path, self.marker_generation)
         listing, result = await restore(self.store, self.roots, mode=self.settings.restore,
                                         concurrency=self.settings.concurrency, deadline=deadline,
                                         on_corrupt=self.settings.restore_corrupt, max_file_size=self.settings.max_file_size,
-                                        namespace=ns.path, ignore=self.ignore)
+                                        namespace=ns.path, ignore=self.ignore, marker_generation=self.marker_generation)
         self.lineage_due = set(result.unrecorded)
         self.namespace_empty = not listing.objects and not listing.bundles and not listing.unsafe
         self.stored_max_version = listing.max_version
@@ -246,6 +252,7 @@ class Daemon:
         async with anyio.create_task_group() as tg:
             await tg.start(self.uploader.run)
             tg.start_soon(self.writer.heartbeat, self.settings.heartbeat_interval)
+            tg.start_soon(self._record_claimed)
             self.health.alive(workers=True)
             await tg.start(partial(watch, debounce_ms=self.settings.debounce_ms, on_polling=self.health.watch_polling),
                            self.roots, self._on_paths, self._on_roots_changed)
@@ -267,6 +274,21 @@ class Daemon:
             await self._record_due([r for r in self.roots if r.name in self.lineage_due
                                     and any(is_within(p, r.path) for p in paths)])
         self.uploader.mark_paths(paths)
+
+    async def _record_claimed(self) -> None:
+        """Once our claim has succeeded, the roots held are recorded with our generation (and the
+        due ones get it when recorded): a copy of this disk taken before is older than the marker."""
+        generation = await self.writer.claimed_generation()
+        if generation is None:
+            return
+        held = self.lineage
+        self.lineage = lineage_of(self.store, held.namespace, generation)
+        with anyio.CancelScope(shield=True):  # a few tiny writes: a shutdown right after the claim still gets them
+            for root in self.roots:
+                if root.name in self.incomplete:
+                    continue
+                if holds(await anyio.to_thread.run_sync(read_lineage, root), held, self.marker_generation):
+                    await record_lineage(root, self.lineage)
 
     async def _record_due(self, roots: list[Root]) -> None:
         """Record the lineage of the due roots that exist now, before anything of them is queued."""
@@ -293,7 +315,8 @@ class Daemon:
             self._note_gaps(root, root_gaps)
             gaps.merge(root_gaps)
             local.update(files)
-            ours = initial and await anyio.to_thread.run_sync(read_lineage, root) == self.lineage
+            ours = initial and holds(await anyio.to_thread.run_sync(read_lineage, root), self.lineage,
+                                     self.marker_generation)
             self._keep_root(root, bool(files), plan_root_keep(
                 initial=initial, has_files=bool(files), restored=root.name in restored,
                 due=root.name in self.lineage_due, unproven=root.name in self.unproven, ours=ours,

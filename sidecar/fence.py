@@ -159,12 +159,21 @@ async def read_marker_info(store: Store) -> tuple[dict, ObjectInfo | None]:
     return value, info
 
 
-async def check_identity(store: Store, identity: dict[str, str], namespace: str) -> None:
+def marker_generation(marker: dict) -> int:
+    """The generation an owner marker (as :func:`read_marker` gives it) holds the namespace at:
+    that of its stamp or of the version the store keeps it at, whichever is higher (0: none)."""
+    return max(_stamp(marker.get("generation")), _stamp(marker.get(STORED_VERSION))) >> 32
+
+
+async def check_identity(store: Store, identity: dict[str, str], namespace: str) -> int:
     """Raise :class:`IdentityConflict` when the namespace's owner is of another identity (or this
-    sidecar has none and the owner has one). One read."""
-    why = conflict(await read_marker(store), identity, namespace)
+    sidecar has none and the owner has one); else the marker's generation (:func:`marker_generation`).
+    One read."""
+    marker = await read_marker(store)
+    why = conflict(marker, identity, namespace)
     if why:
         raise IdentityConflict(why)
+    return marker_generation(marker)
 
 
 def counted_version(version: int) -> int:
@@ -347,6 +356,11 @@ class Fence:
             self.on_wait(self.writable_at if wait > 0 else None)
         log.info("fence_claimed", generation=self.generation)
         self._claimed.set()
+
+    async def claimed_generation(self) -> int | None:
+        """Once the claim has ended: our generation, or None when we were fenced instead."""
+        await self._claimed.wait()
+        return self.generation if self.stamp and not self.fenced else None
 
     async def release(self, timeout: float) -> None:
         """On a clean exit: keep the generation, clear the heartbeat, so a successor need not wait;

@@ -219,10 +219,12 @@ def save_kept(root: Root, keys: set[str]) -> None:
 @dataclass(frozen=True)
 class Lineage:
     """Which store and namespace a root's files came from or went to: the store's description
-    (secret-free, its prefix included) and the namespace path."""
+    (secret-free, its prefix included), the namespace path, and the generation of the namespace's
+    state the disk holds (the owner marker's; None in a record that carries none)."""
 
     store: str
     namespace: str
+    generation: int | None = None
 
 
 #: The lineage record is tiny; anything larger is not ours.
@@ -257,7 +259,10 @@ def read_lineage(root: Root) -> Lineage | None:
     if not isinstance(record, dict) or not isinstance(record.get("store"), str) \
             or not isinstance(record.get("namespace"), str):
         return None
-    return Lineage(record["store"], record["namespace"])
+    generation = record.get("generation")
+    if not isinstance(generation, int) or isinstance(generation, bool) or generation < 0:
+        generation = None
+    return Lineage(record["store"], record["namespace"], generation)
 
 
 def write_lineage(root: Root, lineage: Lineage) -> None:
@@ -270,7 +275,10 @@ def write_lineage(root: Root, lineage: Lineage) -> None:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
         try:
             try:
-                os.write(fd, json.dumps({"store": lineage.store, "namespace": lineage.namespace}).encode())
+                record: dict[str, object] = {"store": lineage.store, "namespace": lineage.namespace}
+                if lineage.generation is not None:
+                    record["generation"] = lineage.generation
+                os.write(fd, json.dumps(record).encode())
                 os.fsync(fd)
             finally:
                 os.close(fd)

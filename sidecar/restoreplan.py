@@ -10,6 +10,7 @@ from enum import Enum
 from typing import Iterable, Mapping, Sequence
 
 from sidecar.plan import RootDecision, decide_restore
+from sidecar.restorefs import Lineage
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,17 @@ class Candidates:
 
     roots: frozenset[str]
     merging: frozenset[str]
+
+
+def holds(record: Lineage | None, lineage: Lineage, marker_generation: int) -> bool:
+    """Whether a root whose lineage record is ``record`` is held (the truth, see
+    :func:`~sidecar.plan.decide_restore`) by a sidecar of ``lineage``, when the namespace's owner
+    marker was at ``marker_generation`` before the restore: the same store and namespace, and a
+    generation no older than the marker's. A disk that holds an older state of this namespace (a
+    copy taken earlier, a node's disk another compute of the session moved on from) is not, nor is
+    one whose record carries no generation."""
+    return (record is not None and record.store == lineage.store and record.namespace == lineage.namespace
+            and record.generation is not None and record.generation >= marker_generation)
 
 
 def plan_candidates(disk: Mapping[str, Disk], mode: str) -> Candidates:

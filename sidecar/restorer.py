@@ -57,6 +57,7 @@ from sidecar.restoreplan import (
     commits_begun_meanwhile,
     decide_roots,
     file_action,
+    holds,
     names_generated,
     plan_candidates,
     plan_finish,
@@ -512,6 +513,7 @@ async def restore(
     max_file_size: int = 2**63,
     namespace: str = "",
     ignore: IgnoreRules | None = None,
+    marker_generation: int = 0,
 ) -> tuple[Listing, RestoreResult]:
     """Restore by the rule (:func:`sidecar.plan.decide_restore`) while the store is listed; the
     listing (the store's content, for mirroring) and what was restored. A listing or bundle read
@@ -519,11 +521,13 @@ async def restore(
     object whose bytes do not match their recorded sha256 fails the restore (``on_corrupt="fail"``)
     or is left out and reported in ``RestoreResult.quarantined`` (``"skip"``). ``namespace``
     names, with the store's description, the lineage (:func:`lineage_of`) the roots are checked
-    against and recorded with. Files ``ignore`` says are never mirrored (by default, the default
-    rules) do not make a root hold files."""
+    against and recorded with; ``marker_generation``, the generation of the namespace's owner
+    marker read before the restore: a root is held only when its record's generation is no older
+    (:func:`~sidecar.restoreplan.holds`), and the roots recorded now carry it. Files ``ignore`` says
+    are never mirrored (by default, the default rules) do not make a root hold files."""
     t0 = time.monotonic()
     result = RestoreResult()
-    lineage = lineage_of(store, namespace)
+    lineage = lineage_of(store, namespace, marker_generation)
     # Which roots may be filled depends on the disk alone; whether anything is stored for them
     # is known when the listing ends, and a root gets its restore marker with its first file.
     disk = {root.name: await _read_disk(root, lineage, ignore) for root in roots}
@@ -577,11 +581,13 @@ async def restore(
 
 
 async def _read_disk(root: Root, lineage: Lineage, ignore: IgnoreRules | None) -> Disk:
-    """What the disk says of ``root`` before the restore (see :class:`~sidecar.restoreplan.Disk`)."""
-    _warn_other_lineage(root, lineage, await anyio.to_thread.run_sync(read_lineage, root))
+    """What the disk says of ``root`` before the restore (see :class:`~sidecar.restoreplan.Disk`);
+    ``lineage`` carries the marker's generation."""
+    record = await anyio.to_thread.run_sync(read_lineage, root)
+    _warn_other_lineage(root, lineage, record)
     return Disk(has_files=await anyio.to_thread.run_sync(has_regular_files, root.path, ignore),
                 cut_short=restore_cut_short(root),
-                held=await anyio.to_thread.run_sync(read_lineage, root) == lineage)
+                held=holds(record, lineage, lineage.generation or 0))
 
 
 def _warn_other_lineage(root: Root, lineage: Lineage, recorded: Lineage | None) -> None:
@@ -625,10 +631,10 @@ def _report(result: RestoreResult, merged: bool) -> None:
              **({"replaced": len(result.replaced), "in_place": result.in_place} if merged else {}))
 
 
-def lineage_of(store: Store, namespace: str) -> Lineage:
+def lineage_of(store: Store, namespace: str, generation: int = 0) -> Lineage:
     """The lineage a root this sidecar fills or mirrors is recorded with: the store's description
-    (secret-free, with its prefix) and the namespace path."""
-    return Lineage(store.description, namespace)
+    (secret-free, with its prefix), the namespace path and the generation of the state it holds."""
+    return Lineage(store.description, namespace, generation)
 
 
 async def record_lineage(root: Root, lineage: Lineage, result: RestoreResult | None = None) -> bool | None:

@@ -60,6 +60,11 @@ class Writer:
             self._note_fenced()
             raise
 
+    async def claimed_generation(self) -> int | None:
+        """Once the claim has ended: the generation this sidecar holds the namespace at (None:
+        fenced, or no fence)."""
+        return None if self._fence is None else await self._fence.claimed_generation()
+
     async def ready(self) -> None:
         """Wait for the claim and a predecessor's write window: call before work that precedes
         a write (reading a file, listing the store). Proves nothing; raises :class:`Fenced`."""

@@ -65,9 +65,10 @@ def test_a_restore_records_its_store_and_namespace_and_the_record_is_never_mirro
     r = run_cli("restore", cwd=work, env=env)
     assert r.returncode == 0, r.stderr
     assert disk_tree(work / ".checkpoints") == STORED
-    assert record(work) == {"store": f"file://{top}", "namespace": "team/s1"}
+    assert record(work) == {"store": f"file://{top}", "namespace": "team/s1", "generation": 1}
     assert not (work / ".checkpoints" / RESTORE_MARKER).exists()
     sync_once(work, env)
+    assert record(work) == {"store": f"file://{top}", "namespace": "team/s1", "generation": 2}  # its claim's
     assert not list(top.rglob(LINEAGE_FILE)), "the record was mirrored"
     assert store_tree(top) == STORED
 
@@ -82,7 +83,8 @@ def test_a_root_the_host_creates_later_is_recorded_before_its_first_upload(tmp_p
         assert not (work / ".checkpoints").exists()  # nothing stored: the root is not even created
         write_atomic(work / ".checkpoints" / "c" / "1.json", b"x")
         wait_for(lambda: store_tree(tmp_path / "store") == {"c/1.json": b"x"}, 15, "the first upload", sc.log)
-        assert record(work) == {"store": f"file://{tmp_path / 'store'}", "namespace": ""}
+        # recorded with the generation of this sidecar's claim
+        assert record(work) == {"store": f"file://{tmp_path / 'store'}", "namespace": "", "generation": 1}
         shutil.rmtree(work / ".checkpoints")  # the host removes the root, the record with it
         wait_for(lambda: store_tree(tmp_path / "store") == {}, 15, "the root's removal mirrored", sc.log)
         write_atomic(work / ".checkpoints" / "c" / "2.json", b"y")
@@ -108,7 +110,13 @@ def test_record_io_is_safe_and_bounded(tmp_path):
     os.mkdir(root.path)
     assert read_lineage(root) is None
     write_lineage(root, lineage)
-    assert read_lineage(root) == lineage
+    assert read_lineage(root) == lineage  # no generation: none recorded
+    write_lineage(root, Lineage(lineage.store, lineage.namespace, 7))
+    assert read_lineage(root) == Lineage(lineage.store, lineage.namespace, 7)
+    for generation in ('"7"', "-1", "true", "1.5"):  # a generation not ours counts as none
+        (tmp_path / ".checkpoints" / LINEAGE_FILE).write_text(
+            f'{{"store": "{lineage.store}", "namespace": "{lineage.namespace}", "generation": {generation}}}')
+        assert read_lineage(root) == lineage, generation
     assert [n for n in os.listdir(root.path)] == [LINEAGE_FILE]  # no temp file left
     assert os.stat(os.path.join(root.path, LINEAGE_FILE)).st_mode & 0o777 == 0o600
     for garbage in (b"not json", b"[]", b'{"store": 1, "namespace": ""}', b'{"store": "x"}',
@@ -246,7 +254,8 @@ def test_a_restart_on_the_same_disk_mirrors_what_the_host_pruned_meanwhile(tmp_p
         work = tmp_path / "work"
         work.mkdir()
         assert run_cli("restore", cwd=work, env=env).returncode == 0
-        sync_once(work, env)
+        sc = sync_once(work, env)  # a restore init container, then the mirror: the disk it filled is held
+        assert "the disk is the truth" in decision(sc)["reason"]
     else:
         env = sidecar_env(SIDECAR_STORE=str(tmp_path / "store"))
         top = tmp_path / "store"
@@ -274,6 +283,30 @@ def test_a_copied_volume_of_this_namespace_carries_its_record_and_is_the_truth(t
     assert "resp_2/b.json" not in store_tree(tmp_path / "store")
 
 
+def test_an_older_copy_of_this_namespace_disk_is_merged_and_never_rolls_the_store_back(tmp_path):
+    """A copy of this namespace's disk taken before another compute of the session moved on (a
+    ``cp -a`` snapshot, a node's disk that comes back) holds an older generation than the owner
+    marker: merged, so the newer checkpoints stay stored and come to it."""
+    env = sidecar_env(SIDECAR_STORE=str(tmp_path / "store"), SIDECAR_PREFIX="ns1")
+    a = tmp_path / "a"
+    a.mkdir()
+    mirror(a, env, {"c1/one.json": b"v1"})
+    b = tmp_path / "b"
+    shutil.copytree(a, b, symlinks=True)
+    mirror(a, env, {"c1/two.json": b"two", "c1/one.json": b"v2"})
+    newer = {"c1/one.json": b"v2", "c1/two.json": b"two"}
+    assert store_tree(tmp_path / "store" / "ns1") == newer
+    sc = sync_once(b, env)
+    assert "merging" in decision(sc)["reason"], decision(sc)
+    assert store_tree(tmp_path / "store" / "ns1") == newer
+    assert disk_tree(b / ".checkpoints") == newer
+    # merged once: the disk is this namespace's now, so a prune on it is mirrored
+    (b / ".checkpoints" / "c1" / "two.json").unlink()
+    sc = sync_once(b, env)
+    assert "the disk is the truth" in decision(sc)["reason"]
+    assert store_tree(tmp_path / "store" / "ns1") == {"c1/one.json": b"v2"}
+
+
 # -- another namespace's or store's disk: merged ----------------------------------------------
 
 
@@ -287,7 +320,7 @@ def test_a_volume_of_another_namespace_is_merged_and_that_namespace_loses_nothin
     assert "merging" in decision(sc)["reason"]
     assert store_tree(top2) == {**STORED, "mine.json": b"ns1's"}
     assert store_tree(tmp_path / "store" / "ns1") == {"mine.json": b"ns1's"}
-    assert record(work) == {"store": f"file://{top2}", "namespace": "ns2"}
+    assert record(work) == {"store": f"file://{top2}", "namespace": "ns2", "generation": 2}
 
 
 def test_a_volume_of_another_store_is_merged_and_that_store_loses_nothing(tmp_path):
@@ -311,7 +344,7 @@ def test_an_azure_record_names_the_container_and_no_credential(tmp_path, azurite
     work.mkdir()
     mirror(work, env, {"a.json": b"a"})
     text = (work / ".checkpoints" / LINEAGE_FILE).read_text()
-    assert json.loads(text) == {"store": f"{url}/agents/s1", "namespace": "agents/s1"}
+    assert json.loads(text) == {"store": f"{url}/agents/s1", "namespace": "agents/s1", "generation": 1}
     assert azurite.key not in text and "AccountKey" not in text
     shutil.rmtree(work / ".checkpoints")
     write_atomic(work / ".checkpoints" / "stray.json", b"image")

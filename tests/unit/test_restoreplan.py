@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from sidecar.fence import marker_generation, next_stamp
+from sidecar.restorefs import Lineage
 from sidecar.restoreplan import (
     Candidates,
     Disk,
@@ -9,6 +11,7 @@ from sidecar.restoreplan import (
     commits_begun_meanwhile,
     decide_roots,
     file_action,
+    holds,
     names_generated,
     plan_candidates,
     plan_finish,
@@ -73,3 +76,22 @@ def test_finish_records_filled_roots_clears_emptied_cut_short_ones_and_records_t
     assert f.cleared == ["cut_gone"]  # nothing stored any more: the disk is all there is
     # owned and not yet recorded; "held" carries the record already, "filled" is recorded with its files
     assert f.recorded == ["cut_gone", "nothing"]
+
+
+def test_a_disk_is_held_only_by_its_store_and_namespace_at_the_markers_generation_or_later():
+    ours = Lineage("file:///s", "ns1", 0)
+    assert holds(Lineage("file:///s", "ns1", 3), ours, 3)  # the same disk: nobody moved on
+    assert holds(Lineage("file:///s", "ns1", 4), ours, 3)  # the marker rolled back or lost: still ours
+    assert not holds(Lineage("file:///s", "ns1", 2), ours, 3)  # an older copy: another compute moved on
+    assert not holds(Lineage("file:///s", "ns1", None), ours, 0)  # a record without a generation
+    assert not holds(Lineage("file:///s", "ns2", 3), ours, 3)
+    assert not holds(Lineage("file:///t", "ns1", 3), ours, 3)
+    assert not holds(None, ours, 0)
+
+
+def test_the_markers_generation_is_its_stamps_high_bits_or_its_stored_versions():
+    stamp = next_stamp(next_stamp(0))
+    assert marker_generation({}) == 0
+    assert marker_generation({"generation": stamp, "_stored_version": stamp}) == 2
+    assert marker_generation({"_stored_version": stamp, "_unreadable": "not a JSON object"}) == 2
+    assert marker_generation({"generation": "garbled"}) == 0
