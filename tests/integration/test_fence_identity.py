@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import anyio
 import pytest
 
 from support import Sidecar, disk_tree, json_lines, run_cli, wait_for, write_atomic
@@ -121,29 +120,13 @@ def test_release_under_a_running_owner_fences_it(target, tmp_path):
     assert target.read("agent/s1/.checkpoints/r/after-fenced.json") is None
 
 
-def _put(target: Target, namespace: str, key: str, body: bytes, version: int) -> int:
-    """Write ``key`` of ``namespace`` at ``version`` with the real store client; the stored version."""
-    from sidecar.store.base import ObjectMeta
-
-    async def go() -> int:
-        store = target.store(namespace)
-        await store.open()
-        try:
-            info = await store.put(key, body, ObjectMeta.of(body, 1_700_000_000_000_000_000, 0o600, version=version))
-        finally:
-            await store.aclose()
-        return info.version
-
-    return anyio.run(go)
-
-
 def test_release_after_a_rolled_back_marker_still_fences_the_running_owner(target, tmp_path):
     """The marker alone does not order a release: a marker restored from an old backup says
     generation 1 while the running owner holds a higher one (above the versions stored). The
     release's stamp goes above every stored version, so the owner is fenced at its next proof and
     never overwrites the handed-over marker."""
     # the namespace already holds a version of generation 5: the owner claims above it
-    assert _put(target, "agent/s1", ".checkpoints/r/old.json", b"old", 5 << 40 | 1) == 5 << 40 | 1
+    assert target.put("agent/s1", ".checkpoints/r/old.json", b"old", 5 << 40 | 1) == 5 << 40 | 1
     owner, work = live_session(target, tmp_path)
     held = marker(target, "agent/s1")["generation"] >> 32
     assert held > 5
@@ -151,7 +134,7 @@ def test_release_after_a_rolled_back_marker_still_fences_the_running_owner(targe
     target.delete("agent/s1/.sidecar/owner")
     old = json.dumps({"generation": 1 << 32 | 7, "owner": "old", "heartbeat": 1.0,
                       "identity": {"FOUNDRY_AGENT_SESSION_ID": "s1"}}).encode()
-    assert _put(target, "agent/s1", ".sidecar/owner", old, 1 << 32 | 7) == 1 << 32 | 7
+    assert target.put("agent/s1", ".sidecar/owner", old, 1 << 32 | 7) == 1 << 32 | 7
 
     r = run_cli("release", cwd=tmp_path, env=target.env(**NO_IDENTITY))
     assert r.returncode == 0, r.stderr

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import json
 
-import anyio
 import pytest
 
 from support import disk_tree, wait_for, write_atomic
-from tests.integration.fencekit import KINDS, Target, make_target
+from tests.integration.fencekit import KINDS, make_target
 
 HOSTILE = 2**63 - 1
 NS = {"SIDECAR_PREFIX": "agent/s1"}
@@ -21,23 +20,8 @@ def target(request, tmp_path):
     yield from make_target(request, tmp_path)
 
 
-def put(target: Target, key: str, body: bytes, version: int) -> int:
-    from sidecar.store.base import ObjectMeta
-
-    async def go() -> int:
-        store = target.store("agent/s1")
-        await store.open()
-        try:
-            info = await store.put(key, body, ObjectMeta.of(body, 1_700_000_000_000_000_000, 0o600, version=version))
-        finally:
-            await store.aclose()
-        return info.version
-
-    return anyio.run(go)
-
-
 def test_a_key_stored_at_an_impossible_version_is_replaced_with_one_warning(target, tmp_path):
-    assert put(target, ".checkpoints/r/a.json", b"frozen", HOSTILE) == HOSTILE
+    assert target.put("agent/s1", ".checkpoints/r/a.json", b"frozen", HOSTILE) == HOSTILE
     work = tmp_path / "w"
     work.mkdir()
     sc = target.start(work, "sync", env=target.env(**NS))
@@ -54,7 +38,7 @@ def test_a_key_stored_at_an_impossible_version_is_replaced_with_one_warning(targ
 
 def test_an_owner_marker_at_an_impossible_version_is_claimed_over(target, tmp_path):
     marker = json.dumps({"generation": 1, "owner": "x", "heartbeat": 0}).encode()
-    assert put(target, ".sidecar/owner", marker, HOSTILE) == HOSTILE
+    assert target.put("agent/s1", ".sidecar/owner", marker, HOSTILE) == HOSTILE
     work = tmp_path / "w"
     (work / ".checkpoints" / "r").mkdir(parents=True)
     sc = target.start(work, "sync", env=target.env(**NS))
