@@ -85,6 +85,10 @@ class ObjectInfo:
     mode: int
     etag: str | None = None
     version: int = 0  # 0: written without one (an older release, another tool)
+    #: when the store last wrote the object, in seconds since the epoch by the *store's* clock
+    #: (Azure's Last-Modified, the directory store's file mtime); None when not known. Compared
+    #: only with other times of the same store, never with a local clock.
+    modified: float | None = None
 
     def same_content(self, meta: ObjectMeta) -> bool:
         return self.sha256 == meta.sha256 and self.size == meta.size

@@ -423,6 +423,9 @@ class DirectoryStore:
 
     def _info(self, key: str, st: os.stat_result, rec: dict | None) -> ObjectInfo:
         own = key.startswith(OWN_PREFIX)
+        # the store's clock: the inode's change time (set by the kernel at the put's rename or the
+        # stamp's utime, never by a copy tool), where an own object's mtime is a stamp
+        modified = st.st_ctime_ns / 1e9
         # a stamp is never a wall-clock time (see fence.next_stamp): a copied file's mtime is not one
         version = st.st_mtime_ns if own and 0 <= st.st_mtime_ns < MAX_STAMP_MTIME else 0
         try:
@@ -437,11 +440,12 @@ class DirectoryStore:
             # restore checks them against it.
             return ObjectInfo(
                 key, st.st_size, str(rec["sha256"]), _bounded(rec["mtime_ns"]), int(rec["mode"]) & 0o7777,
-                str(st.st_mtime_ns), version,
+                str(st.st_mtime_ns), version, modified,
             )
         except (ValueError, KeyError, TypeError, OverflowError):
             pass
-        return ObjectInfo(key, st.st_size, None, st.st_mtime_ns, st.st_mode & 0o7777, str(st.st_mtime_ns), version)
+        return ObjectInfo(key, st.st_size, None, st.st_mtime_ns, st.st_mode & 0o7777, str(st.st_mtime_ns), version,
+                          modified)
 
     async def get(self, key: str) -> tuple[bytes, ObjectInfo]:
         def read() -> tuple[bytes, ObjectInfo]:

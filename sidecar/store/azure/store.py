@@ -250,15 +250,16 @@ class AzureBlobStore:
         md = {k.lower(): v for k, v in (metadata or {}).items()}
         etag = _quoted_etag(etag)
         version = _version(md.get(META_VERSION))
+        modified = last_modified.timestamp() if last_modified is not None else None
         try:
             sha = md[META_SHA256]
             if _SHA256_RE.match(sha):
                 mtime = int(md[META_MTIME])
                 return ObjectInfo(key, size, sha, mtime if 0 <= mtime < 2**63 else 0, int(md[META_MODE], 8) & 0o7777,
-                                  etag, version)
+                                  etag, version, modified)
         except (KeyError, ValueError, TypeError):
             pass
-        return ObjectInfo(key, size, None, _http_date_ns(last_modified), FOREIGN_MODE, etag, version)
+        return ObjectInfo(key, size, None, _http_date_ns(last_modified), FOREIGN_MODE, etag, version, modified)
 
     def _error(self, e: BaseException, doing: str) -> StoreError:
         """One clear, secret-free line for a failed operation (:func:`~sidecar.store.azure.errors.store_error`)."""
