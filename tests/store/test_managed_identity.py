@@ -218,8 +218,8 @@ def test_sync_restore_and_run_with_a_managed_identity_over_tls(tls_azurite, iden
 
 @pytest.mark.parametrize("mode, words", [
     ("400", "ManagedIdentityCredential"),
-    ("500", "ManagedIdentityCredential"),
-    ("slow", "ManagedIdentityCredential"),
+    pytest.param("500", "ManagedIdentityCredential", marks=pytest.mark.slow),
+    pytest.param("slow", "ManagedIdentityCredential", marks=pytest.mark.slow),  # waits out the SDK's timeout
     ("expired", "token is expired"),
 ])
 def test_a_broken_token_endpoint_is_one_clear_line(tls_azurite, identity, tmp_path, mode, words):
