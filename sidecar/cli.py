@@ -126,8 +126,10 @@ def _timeout(text: str) -> float:
     return value
 
 
-def build_parser() -> _Parser:
-    """The command line: one subparser per command, each with only the flags it uses."""
+def build_parser(only: str | None = None) -> _Parser:
+    """The command line: one subparser per command, each with only the flags it uses. ``only``:
+    the one command whose setting flags are added (the command being run: the other
+    subcommands' flags cost start-up time and are never parsed); None: every command's."""
     parser = _Parser(
         prog="checkpoint-sidecar",
         description="Mirror agent workflow state to durable storage and bring it back after compute recreation.",
@@ -140,7 +142,8 @@ def build_parser() -> _Parser:
     def add(command: str, help: str, **kw: Any) -> argparse.ArgumentParser:
         p = sub.add_parser(command, help=help, description=help,
                            epilog=_epilog(_ENV_NOTE, EXIT_CODES_HELP, f"{command}: {_EPILOG[command]}"), **kw)
-        _add_common(p, command)
+        if only is None or command == only:
+            _add_common(p, command)
         parser.commands[command] = p
         return p
 
@@ -157,6 +160,14 @@ def build_parser() -> _Parser:
     add("release", "hand the namespace over: its owner marker then names no identity, so a sidecar of any "
                    "identity may claim it (an owner still running is fenced); instead of deleting the marker")
     return parser
+
+
+def _command_in(argv: list[str]) -> str:
+    """The command ``argv`` runs: its first word, which only the top-level options (``-h``,
+    ``--version``: they exit) precede; "" when there is none or it is no command (top-level help
+    or a usage error, which need no command's flags)."""
+    word = next((a for a in argv if not a.startswith("-")), "")
+    return word if word in _EPILOG else ""
 
 
 def _limit_malloc_arenas() -> None:
@@ -205,7 +216,7 @@ def entry() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     _limit_malloc_arenas()
-    parser = build_parser()
+    parser = build_parser(_command_in(sys.argv[1:] if argv is None else argv))
     args, extra = parser.parse_known_args(argv)
     if extra:
         sub = parser.commands[args.command]

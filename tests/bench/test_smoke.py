@@ -36,3 +36,14 @@ def test_requests_bench_counts_one_write_per_sparse_checkpoint(tmp_path):
     assert result["idle_requests"] == {}
     heartbeats = result["idle_requests_with_that_heartbeat"]
     assert heartbeats.get("PUT marker", 0) >= 1 and set(heartbeats) <= {"PUT marker", "GET marker"}, heartbeats
+
+
+def test_startpath_bench_reports_each_command_imports():
+    """bench/startpath.py: every command's -X importtime table, the SDK among the restore's."""
+    r = subprocess.run([sys.executable, "bench/startpath.py", "--credential", "key", "--rounds", "1", "--top", "3"],
+                       cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    for command in ("restore:", "run -- true:", "status:", "--help:"):
+        assert command in r.stdout, r.stdout[-2000:]
+    restore = r.stdout.split("restore:", 1)[1].split("run -- true:", 1)[0]
+    assert "azure.storage.blob" in restore and "azure.identity" not in restore, restore
