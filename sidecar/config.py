@@ -28,12 +28,31 @@ import os
 import re
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, Mapping, get_args
+from typing import Any, Mapping, get_args
 
-from pydantic import BeforeValidator, Field, PrivateAttr, ValidationError, field_validator
-from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic import Field, PrivateAttr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 
-from sidecar import log
+from sidecar.configtypes import (  # noqa: F401 (shown, the value types and bounds are part of this module's interface)
+    MAX_SECONDS,
+    MAX_VALUE_CHARS,
+    Bool,
+    Commit,
+    CorruptRule,
+    Int,
+    LogFormat,
+    LogLevel,
+    PositiveSeconds,
+    RestoreRule,
+    Seconds,
+    SessionNamespace,
+    Text,
+    Words,
+    _choice,
+    _num,
+    _shortened,
+    shown,
+)
 from sidecar.namespace import Namespace, NamespaceError, check_template, resolve
 from sidecar.paths import DEFAULT_IGNORE, Root, check_local_path, is_within, make_roots
 from sidecar.store.registry import StoreURL, parse_store
@@ -67,11 +86,6 @@ _LINK_FORMS = (
     (re.compile(r"[A-Z0-9_]+_PORT_(?P<n>[0-9]+)_(?P<proto>TCP|UDP|SCTP)_ADDR"), "ip"),
 )
 _LINK_URL = re.compile(r"(?P<proto>tcp|udp|sctp)://(?:\[(?P<ip6>[0-9A-Fa-f:.]+)\]|(?P<ip4>[0-9.]+)):(?P<port>[0-9]{1,5})")
-#: The longest value any setting takes (a store URL with a SAS token is well below it).
-MAX_VALUE_CHARS = 4096
-#: A duration beyond a year is a mistake (and overflows event-loop timers).
-MAX_SECONDS = 365 * 24 * 3600.0
-
 
 def layout_roots(layout: str, env: Mapping[str, str] | None = None) -> list[str]:
     """Where a host keeps its state, resolved the way the host resolves it.
@@ -106,99 +120,7 @@ class ConfigError(ValueError):
         self.problems = problems
 
 
-def _shortened(text: str, limit: int) -> str:
-    """``text`` escaped (non-ASCII too: :func:`sidecar.log.printable`), shortened past ``limit``."""
-    return log.printable(text[:limit], ascii=True) + (f"...({len(text)} characters)" if len(text) > limit else "")
-
-
-def shown(value: Any, limit: int = 40) -> str:
-    """``value`` for a one-line message: quoted, control characters and non-ASCII escaped,
-    shortened past ``limit`` characters (never for a value that may be a secret)."""
-    text = value if isinstance(value, str) else str(value)
-    cut = _shortened(text[:limit], limit).replace("'", "\\'")
-    return f"'{cut}'" + (f"...({len(text)} characters)" if len(text) > limit else "")
-
-
-# -- what every value must be, before its type ---------------------------------------------------
-
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-
-
-def _text(v: Any) -> Any:
-    """A raw value: UTF-8 text without control characters (NUL, newline...), at most
-    MAX_VALUE_CHARS."""
-    if isinstance(v, str):
-        if _CONTROL.search(v):
-            raise ValueError("must not contain control characters (NUL, newline, tab...)")
-        if len(v) > MAX_VALUE_CHARS:
-            raise ValueError(f"longer than {MAX_VALUE_CHARS} characters ({len(v)})")
-        try:
-            v.encode("utf-8")
-        except UnicodeEncodeError:  # os.environ's surrogate escapes of bytes that are not UTF-8
-            raise ValueError("must be UTF-8 text (it holds bytes that are not)") from None
-    return v
-
-
-def _word(v: Any) -> Any:
-    """A number, a boolean or a choice: surrounding blanks do not count, nor does case."""
-    v = _text(v)
-    return v.strip().lower() if isinstance(v, str) else v
-
-
-def _finite(v: Any) -> Any:
-    """A duration: a finite number (``nan`` and ``inf`` are refused before any bound)."""
-    v = _word(v)
-    if isinstance(v, str):
-        try:
-            number = float(v)
-        except ValueError:
-            return v  # the type check says what is wrong
-        if number != number or number in (float("inf"), float("-inf")):
-            if v.isdigit():  # too many digits for a float
-                raise ValueError(f"must be at most {_num(MAX_SECONDS)}; got {_num(v)}")
-            raise ValueError(f"must be a finite number, got {shown(v)}")
-    return v
-
-
-def _integer(v: Any) -> Any:
-    """A whole number may be written as one: ``8.0``, ``1e9``."""
-    v = _word(v)
-    if isinstance(v, str) and not v.lstrip("+-").isdigit():
-        try:
-            number = float(v)
-        except ValueError:
-            return v  # the type check says what is wrong
-        if number.is_integer() and abs(number) < 2**63:
-            return int(number)
-    return v
-
-
-def _comma_list(v: Any) -> Any:
-    v = _text(v)
-    if isinstance(v, str):
-        return [p.strip() for p in v.split(",") if p.strip()]
-    return v
-
-
-Text = Annotated[str, BeforeValidator(_text)]
-Int = Annotated[int, BeforeValidator(_integer)]
-Seconds = Annotated[float, BeforeValidator(_finite), Field(ge=0, le=MAX_SECONDS, allow_inf_nan=False)]
-Bool = Annotated[bool, BeforeValidator(_word)]
-Words = Annotated[list[str], NoDecode, BeforeValidator(_comma_list)]  # "a,b" in the environment, not JSON
-
-
-def _choice(*values: str) -> Any:
-    return Annotated[Literal[values], BeforeValidator(_word)]
-
-
 Layout = _choice(*LAYOUTS)
-Commit = _choice("auto", "per-file", "snapshot")
-SessionNamespace = _choice("auto", "off")
-RestoreRule = _choice("auto", "skip", "force")
-CorruptRule = _choice("fail", "skip")
-LogLevel = _choice("debug", "info", "warning", "error")
-LogFormat = _choice("auto", "json", "text")
-PositiveSeconds = Annotated[Seconds, Field(gt=0)]
 
 
 # -- the environment a load() reads ----------------------------------------------------------------
@@ -452,19 +374,6 @@ VARIABLES = {ENV_PREFIX + n.upper(): n for n in SETTING_NAMES}
 
 
 # -- load ------------------------------------------------------------------------------------------
-
-def _num(value: Any) -> str:
-    """A number for a message: ``2``, ``0.5``; a huge integer shortened, never an error."""
-    text = str(value).strip()
-    if text.lstrip("-").isdigit():
-        digits = text.lstrip("-")
-        return text if len(digits) <= 24 else f"{text[:8]}...({len(digits)} digits)"
-    try:
-        number = float(text)
-    except ValueError:
-        return shown(text)
-    return str(int(number)) if number.is_integer() and abs(number) < 1e16 else f"{number:g}"
-
 
 def _problem(err: Any) -> str:  # a pydantic ErrorDetails
     """One pydantic error as ``SIDECAR_X: <what is wrong>``."""

@@ -25,7 +25,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("mirroring", {"hints", "listing", "snapshot", "watcher", "writer"}),
     ("store access", {"fence", "retry", "storeclient"}),
     ("state and pure rules", {"health", "known", "plan", "queue", "restoreplan"}),
-    ("foundation", {"config", "errors", "localfs", "log", "metrics", "namespace", "paths", "restorefs", "store"}),
+    ("foundation", {"config", "configtypes", "errors", "localfs", "log", "metrics", "namespace", "paths", "restorefs", "store"}),
 ]
 
 
