@@ -216,3 +216,43 @@ def test_dashboard_structure():
         assert p["targets"] and all(t["expr"] and t["refId"] for t in p["targets"])
         for t in p["targets"]:  # every query follows the sidecar picker
             assert 'instance=~"$instance"' in t["expr"], t["expr"]
+
+
+def test_prune_alerts_fire_as_documented(tmp_path):
+    """promtool's rule unit tests on the pushed gauges (a Pushgateway scraped every minute): three
+    namespaces eligible and none pruned for 2 days fires NamespacesToPrune (not before 48h), a
+    prune that pruned them all does not; no success for 2 days fires PruneNotSucceeding."""
+    promtool = shutil.which("promtool")
+    if not promtool:
+        pytest.skip("promtool is not installed (Debian: apt-get install prometheus)")
+    by_name = {r["alert"]: r for r in rules()}
+    job = "checkpoint-sidecar-prune"
+
+    def fired(alert: str, summary: str) -> dict:
+        return {"exp_labels": {"severity": by_name[alert]["labels"]["severity"], "job": job},
+                "exp_annotations": {"summary": summary, "description": by_name[alert]["annotations"]["description"]}}
+
+    minutes = 50 * 60 + 10
+    tests = {"rule_files": [str(RULES)], "evaluation_interval": "1m", "tests": [
+        {"interval": "1m",
+         "input_series": [
+             {"series": f'checkpoint_sidecar_prune_eligible_namespaces{{job="{job}"}}', "values": f"3x{minutes}"},
+             {"series": f'checkpoint_sidecar_prune_pruned_namespaces{{job="{job}"}}', "values": f"0x{minutes}"},
+             {"series": f'checkpoint_sidecar_prune_last_success_timestamp_seconds{{job="{job}"}}', "values": f"0x{minutes}"}],
+         "alert_rule_test": [
+             {"eval_time": "47h", "alertname": "CheckpointSidecarNamespacesToPrune", "exp_alerts": []},
+             {"eval_time": "50h", "alertname": "CheckpointSidecarNamespacesToPrune", "exp_alerts": [
+                 fired("CheckpointSidecarNamespacesToPrune", f"{job}: 3 ended namespaces have waited 2 days to be pruned")]},
+             {"eval_time": "50h", "alertname": "CheckpointSidecarPruneNotSucceeding", "exp_alerts": [
+                 fired("CheckpointSidecarPruneNotSucceeding", f"{job}: no prune has succeeded for 2d 2h 0m 0s")]}]},
+        {"interval": "1m",
+         "input_series": [
+             {"series": f'checkpoint_sidecar_prune_eligible_namespaces{{job="{job}"}}', "values": f"3x{minutes}"},
+             {"series": f'checkpoint_sidecar_prune_pruned_namespaces{{job="{job}"}}', "values": f"3x{minutes}"}],
+         "alert_rule_test": [
+             {"eval_time": "50h", "alertname": "CheckpointSidecarNamespacesToPrune", "exp_alerts": []}]},
+    ]}
+    path = tmp_path / "prune-rules-test.yaml"
+    path.write_text(yaml.safe_dump(tests))
+    proc = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
