@@ -223,7 +223,7 @@ async def take_for_restore(store: Store, identity: dict[str, str], namespace: st
     marker in phase ``deleting`` is waited for (polled, at most ``wait`` seconds: then a
     :class:`StoreError`) until it is gone, and the namespace starts empty (one line says so).
     With ``take`` (``sync``, ``run``), a ``pending`` prune marker or a released one is replaced at
-    once by ours (a higher stamp, a fresh heartbeat: live to ``prune``), a compare-and-swap, so
+    once by ours (a higher stamp of the same generation, a fresh heartbeat: live to ``prune``), a compare-and-swap, so
     that no prune can delete what the restore is reading: prune's own swap then fails."""
     deadline = time.monotonic() + wait
     where = namespace or "(top of the store)"
@@ -253,7 +253,7 @@ async def take_for_restore(store: Store, identity: dict[str, str], namespace: st
         if not take or not (phase == PRUNE_PENDING or (marker and released)):
             return found
         seen = marker.get(STORED_VERSION, 0)
-        stamp = next_stamp(max(_stamp(marker.get("generation")), _stamp(seen)))
+        stamp = later_stamp(max(_stamp(marker.get("generation")), _stamp(seen)))
         body: dict = {"generation": stamp, "owner": RESUMING + uuid.uuid4().hex, "heartbeat": time.time()}
         if identity:
             body["identity"] = identity
@@ -295,6 +295,16 @@ def next_stamp(current: int) -> int:
     """A stamp above ``current``: the next generation in the high bits, random low bits (never all
     ones, so a test can hold a stamp no claim of this generation can beat)."""
     return ((max(current, 0) >> 32) + 1) << 32 | secrets.randbelow(2**32 - 1)
+
+
+def later_stamp(current: int) -> int:
+    """A stamp above ``current`` in its generation (random low bits, never all ones) where there is
+    room, else the next generation's: a swap that must change the marker's version without raising
+    the generation the next claim goes above."""
+    room = (2**32 - 2) - (current & (2**32 - 1))
+    if current <= 0 or room <= 0:
+        return next_stamp(current)
+    return current + 1 + secrets.randbelow(room)
 
 
 @dataclass(frozen=True)

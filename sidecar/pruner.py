@@ -10,7 +10,7 @@ and :meth:`sidecar.fence.Fence.claim`):
 3. Wait a **grace** of the fence's write window + margin: an owner that proved its ownership just
    before (a stale one still running) has sent its last write by then, and a sidecar starting
    meanwhile takes the namespace over (it replaces a pending prune marker before it restores).
-4. **deleting**: a compare-and-swap from our pending marker to ``"phase": "deleting"`` (stamp + 1).
+4. **deleting**: a compare-and-swap from our pending marker to ``"phase": "deleting"`` (a higher stamp).
    Refused: a sidecar claimed the namespace during the grace: skipped, every object kept. From
    here no sidecar restores or claims it (it waits, or is fenced).
 5. Delete every object of the namespace but the marker (those of a nested namespace, one with a
@@ -40,6 +40,7 @@ from sidecar.fence import (
     PRUNE_PENDING,
     STORED_VERSION,
     _stamp,
+    later_stamp,
     marker_identity,
     next_stamp,
     read_marker,
@@ -117,7 +118,7 @@ class Pruner:
             if self.on_pending is not None:
                 await self.on_pending(name)
             await self.sleep(self.window + self.margin)
-            seen, stamp = stamp, stamp + 1  # the low bits are never all ones (next_stamp)
+            seen, stamp = stamp, later_stamp(stamp)
         if not await _mark(store, stamp, seen, ours, identity, PRUNE_DELETING, None):
             return Result(name, SKIPPED, why="a sidecar claimed it while the prune waited: every object kept")
         objects, size = await self._delete_all(store, stamp, ours)
