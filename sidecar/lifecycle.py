@@ -315,6 +315,7 @@ async def restore(settings: Settings, roots: list[Root]) -> int:
     store = open_store(settings, read_only=True, roots=roots)  # a missing store (or container) is not created
     try:
         daemon = Daemon(settings, roots, store)
+        daemon.takes_over = False  # reads only (a prune deleting the namespace is still waited for)
         code = await prepare(daemon, settings)
         if code is None:
             await daemon.report_legacy_state()
