@@ -22,10 +22,11 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("commands", {"lifecycle", "status"}),
     ("daemon", {"daemon"}),
     ("workers", {"http", "runner", "restorer", "uploader"}),
-    ("mirroring", {"hints", "listing", "snapshot", "watcher", "writer"}),
+    ("mirroring", {"hints", "listing", "pointwriter", "snapshot", "watcher", "writer"}),
     ("store access", {"fence", "retry", "storeclient"}),
-    ("state and pure rules", {"health", "known", "plan", "queue", "restoreplan"}),
-    ("foundation", {"config", "configtypes", "errors", "localfs", "log", "metrics", "namespace", "paths", "restorefs", "store"}),
+    ("state and pure rules", {"health", "known", "plan", "points", "queue", "restoreplan"}),
+    ("foundation", {"config", "configtypes", "errors", "localfs", "log", "metrics", "namespace", "paths", "restorefs",
+                    "store", "tarstream"}),
 ]
 
 
