@@ -454,8 +454,8 @@ class Daemon:
                 await self.uploader.wait_idle()
                 await self.reconcile(final=True)  # anything the watcher has not reported yet
                 await self.uploader.wait_idle()
-                if self.settings.restore_point_interval > 0 and not self.uploader.pending_keys():
-                    await self.points.final()  # the last point, before the release
+                if self.settings.restore_point_interval > 0:
+                    await self._final_point()
                 tg.cancel_scope.cancel()
         left = sorted(self.uploader.pending_keys())
         if not left:
@@ -470,6 +470,16 @@ class Daemon:
         else:
             log.info("shutdown_flushed", seconds=round(time.monotonic() - t0, 3), **totals)
         return len(left)
+
+    async def _final_point(self) -> None:
+        """The drain's last restore point, once the uploads are done. The watcher may still report
+        a change meanwhile (its events trail the final rescan): it is uploaded, and the point
+        written again, a few times at most; the uploads end idle either way."""
+        for _ in range(3):
+            await self.points.final()
+            if self.uploader.idle():
+                return
+            await self.uploader.wait_idle()
 
 
 def _warn_nested_namespaces(roots: list[Root], listing: Listing) -> None:
