@@ -351,3 +351,17 @@ def test_a_restarted_writer_extends_the_stored_chain(target, tmp_path):
             assert again.points.chain is not None and again.points.chain.incrs == 2
 
     anyio.run(go)
+
+
+def test_the_drains_point_extends_the_chain_even_when_a_full_one_is_due(target, tmp_path):
+    async def go():
+        async with Rig(target, tmp_path, retention=Retention()) as rig:
+            await rig.put("r/a", b"one")
+            full = (await rig.points.write_point()).name
+            await rig.put("r/a", b"two" * 10_000)  # more than the full point: a full one is due
+            w = await rig.points.final()
+            assert (w.name.kind, w.name.base) == (INCR, full.seq)
+            await rig.put("r/a", b"three" * 10_000)
+            assert (await rig.points.write_point()).name.kind == FULL  # the next one compacts
+
+    anyio.run(go)
