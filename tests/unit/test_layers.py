@@ -22,10 +22,11 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("commands", {"lifecycle", "prune", "sessions", "status"}),
     ("daemon", {"daemon"}),
     ("workers", {"http", "pruner", "runner", "restorer", "uploader"}),
-    ("mirroring", {"hints", "listing", "namespaces", "snapshot", "watcher", "writer"}),
+    ("mirroring", {"hints", "listing", "namespaces", "pointwriter", "snapshot", "watcher", "writer"}),
     ("store access", {"fence", "retry", "sessionplan", "storeclient"}),
-    ("state and pure rules", {"health", "known", "plan", "queue", "restoreplan"}),
-    ("foundation", {"config", "configtypes", "errors", "localfs", "log", "metrics", "namespace", "paths", "restorefs", "store"}),
+    ("state and pure rules", {"health", "known", "plan", "points", "queue", "restoreplan"}),
+    ("foundation", {"config", "configtypes", "errors", "localfs", "log", "metrics", "namespace", "paths", "restorefs",
+                    "store", "tarstream"}),
 ]
 
 
