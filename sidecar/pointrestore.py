@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime
 import errno
+import math
 from dataclasses import dataclass
 from typing import AsyncIterator, Awaitable, Callable
 
@@ -297,7 +298,8 @@ async def restore_as_of(store: Store, roots: list[Root], when: float | None, ago
     if t is None:
         raise AsOfError("the store's current time is not known (it holds no object with a time): give the time "
                         "as RFC 3339 instead of a duration ago")
-    times = {n: i.modified for n, i in points.items()}
+    # to the millisecond, as history shows them: the time a point is listed with selects it
+    times = {n: None if i.modified is None else math.floor(i.modified * 1000) / 1000 for n, i in points.items()}
     bad: list[PointName] = []
     while chosen := choose_as_of(times, t, bad):  # every point of the chain checked before a file is written
         if (failed := await _first_unreadable(store, chosen)) is None:
