@@ -57,7 +57,7 @@ from sidecar.restorefs import (
 from sidecar.restoreplan import as_of_refused, as_of_time, chain_tree, from_point
 from sidecar.retry import retry_transient
 from sidecar.snapshot import BundleError
-from sidecar.store.base import ObjectInfo, Store, StoreError
+from sidecar.store.base import NotFound, ObjectInfo, Store, StoreError
 from sidecar.tarstream import BLOCK, member_header, pad
 
 #: The latest state reads a chain's full point and at most this many of its newest incrementals
@@ -189,7 +189,7 @@ class PointFeed:
                     for name in chosen:
                         self.opened.append(await open_point(self.store, name))
                     break
-                except PointError as e:
+                except (PointError, NotFound) as e:  # (NotFound: deleted by retention since listed)
                     _unusable(name, e)
                     bad.append(name)
                     if self.opened:  # the full and the increments before the bad one: still a chain
@@ -253,7 +253,7 @@ async def _first_unreadable(store: Store, chain: tuple[PointName, ...]) -> Point
     for name in chain:
         try:
             await read_header(store, name)
-        except PointError as e:
+        except (PointError, NotFound) as e:
             _unusable(name, e)
             return name
     return None
@@ -322,7 +322,7 @@ async def restore_as_of(store: Store, roots: list[Root], when: float | None, ago
         for name in reversed(chosen):  # newest first: each key's newest entry decides it
             try:
                 opened = await open_point(store, name)
-            except PointError as e:
+            except (PointError, NotFound) as e:
                 raise AsOfError(f"restore point {name.key} is unreadable: {e}") from None
             try:
                 fresh = {e.key for e in opened.header.entries if e.key not in decided}
