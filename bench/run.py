@@ -28,6 +28,9 @@ Figures:
              so the setup takes seconds, not minutes).
   coldstart  launch -> agent host /readiness, bare vs under `checkpoint-sidecar run --` restoring
              20 files / 2 MiB from Azurite.
+  points     restore points' stored bytes and requests per hour for a 100 MiB namespace with 1 KiB
+             changed a second (bench/points_cost.py: an hour simulated, the real bytes and requests
+             counted), next to the bytes the host changed; target: <= 3x those plus a full a day.
 """
 
 from __future__ import annotations
@@ -446,10 +449,25 @@ def bench_coldstart(t: Target, tmp: Path, rounds: int) -> None:
            bare=[round(x * 1e3, 1) for x in bare], wrapped=[round(x * 1e3, 1) for x in wrapped])
 
 
+def bench_points(quick: bool) -> None:
+    """bench/points_cost.py in this process (its own Azurite and counting proxy, the checkout's
+    sidecar: the point writer is driven directly, on a simulated clock)."""
+    sys.path.insert(0, str(REPO / "bench"))
+    import points_cost
+
+    r = points_cost.main(["--namespace-mib", "4", "--hours", "0.1"] if quick else [])
+    mib = 1 << 20
+    record("restore points, MiB stored per hour", r["with_one_full_a_day_bytes_per_hour"] / mib,
+           r["host_changed_bytes_per_hour"] / mib, "MiB", "<= 3x changed + a full a day", "host changed",
+           met=r["with_one_full_a_day_bytes_per_hour"] <= r["target_bytes_per_hour"],
+           requests_per_hour=r["point_requests_per_hour"], incremental_bytes_per_hour=r["point_bytes_per_hour"],
+           full_point_bytes=r["first_full"]["bytes"])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description="checkpoint-sidecar benchmarks")
     ap.add_argument("--quick", action="store_true", help="tiny sizes: keeps the harness working, figures meaningless")
-    ap.add_argument("--only", default="latency,burst,restore,footprint,scaling,coldstart")
+    ap.add_argument("--only", default="latency,burst,restore,footprint,scaling,coldstart,points")
     ap.add_argument("--credential", choices=("key", "identity"), default="key",
                     help="the credential path of the Azure figures: account key (connection string, http) or "
                          "managed identity (emulated IDENTITY_ENDPOINT, bearer tokens, https); see bench/credentials.py")
@@ -497,6 +515,7 @@ def main() -> int:
         elif "scaling" in only:
             print("  scaling: the directory store has no credential; measured with --credential key only")
         azure("coldstart", bench_coldstart, 1 if q else 11)
+        figure("points", lambda: bench_points(q))
     name = ("results" + ("" if args.credential == "key" else f"-{args.credential}") + ("-quick" if q else "")
             + ("" if args.only == ap.get_default("only") else "-" + args.only.replace(",", "-")))
     out = OUT / f"{name}.json"

@@ -207,6 +207,15 @@ class Settings(BaseSettings):
     fence_margin: Seconds = Field(8.0, description="extra seconds to wait before writing after a recently active owner")
     heartbeat_interval: Seconds = Field(900.0, description="seconds between rewrites of the owner marker's heartbeat "
                                         "while mirroring (0: never; ownership is proven by reading it)")
+    restore_point_interval: Seconds = Field(60.0, description="seconds between restore points at most, each "
+                                            "written once changes settle and at every drain (0: no points)")
+    restore_point_full_interval: Seconds = Field(86400.0, description="seconds after which the next restore point "
+                                                 "is a full one, whatever its chain costs (0: only by cost)")
+    restore_point_keep_all: Seconds = Field(3600.0, description="seconds for which every restore point is kept")
+    restore_point_keep_hourly: Seconds = Field(86400.0, description="seconds for which the newest restore point "
+                                               "of each hour is kept")
+    restore_point_keep_daily: Seconds = Field(604800.0, description="seconds for which the newest restore point "
+                                              "of each day is kept")
     max_file_size: Int = Field(256 * 1024 * 1024, ge=1, le=2**63 - 1,
                                description="bytes; larger files are not mirrored", json_schema_extra=_uses("restore"))
     http_addr: Text = Field(f"127.0.0.1:{DEFAULT_HTTP_PORT}",

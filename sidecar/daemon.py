@@ -36,6 +36,7 @@ from sidecar.retry import reported_wait, retry_transient
 from sidecar.store.base import Store, StoreError
 
 if TYPE_CHECKING:
+    from sidecar.pointwriter import PointWriter
     from sidecar.uploader import Uploader
     from sidecar.writer import Writer
 
@@ -124,6 +125,21 @@ class Daemon:
         return Uploader(self.writer, self.roots, self.ignore, self.known, concurrency=s.concurrency,
                         max_file_size=s.max_file_size, snapshot_roots=self.snapshot_roots,
                         on_degraded=self.health.store_degraded)
+
+    @cached_property
+    def points(self) -> PointWriter:
+        """The restore point writer (see pointwriter.py): made after the restore, like the
+        uploader, whose idleness says when changes have settled."""
+        from sidecar.points import Retention
+        from sidecar.pointwriter import PointWriter
+
+        s = self.settings
+        return PointWriter(self.writer, self.roots, self.known, interval=s.restore_point_interval,
+                           full_interval=s.restore_point_full_interval,
+                           retention=Retention(s.restore_point_keep_all, s.restore_point_keep_hourly,
+                                               s.restore_point_keep_daily),
+                           idle=self.uploader.idle, wait_idle=self.uploader.wait_idle,
+                           excluded=lambda: (self.kept_roots, set(self.kept_keys)))
 
     # -- phase 1: restore --------------------------------------------------------------------
     async def prepare(self) -> RestoreResult | None:
@@ -262,6 +278,8 @@ class Daemon:
             tg.start_soon(self._reconcile_loop)
             tg.start_soon(self._watch_fence)
             tg.start_soon(self.report_legacy_state)
+            if self.settings.restore_point_interval > 0:
+                tg.start_soon(self.points.run)
             self.health.set(Phase.READY, "restored and mirroring")
             task_status.started()
 
@@ -436,6 +454,8 @@ class Daemon:
                 await self.uploader.wait_idle()
                 await self.reconcile(final=True)  # anything the watcher has not reported yet
                 await self.uploader.wait_idle()
+                if self.settings.restore_point_interval > 0:
+                    await self._final_point()
                 tg.cancel_scope.cancel()
         left = sorted(self.uploader.pending_keys())
         if not left:
@@ -450,6 +470,16 @@ class Daemon:
         else:
             log.info("shutdown_flushed", seconds=round(time.monotonic() - t0, 3), **totals)
         return len(left)
+
+    async def _final_point(self) -> None:
+        """The drain's last restore point, once the uploads are done. The watcher may still report
+        a change meanwhile (its events trail the final rescan): it is uploaded, and the point
+        written again, a few times at most; the uploads end idle either way."""
+        for _ in range(3):
+            await self.points.final()
+            if self.uploader.idle():
+                return
+            await self.uploader.wait_idle()
 
 
 def _warn_nested_namespaces(roots: list[Root], listing: Listing) -> None:

@@ -139,6 +139,10 @@ class StoreState:
         """True when ``key`` was skipped and its file (``st``, from a scan) has not changed since."""
         return self.skipped_version(key, (st.size, st.mtime_ns, st.ctime_ns))
 
+    def skipped_keys(self) -> set[str]:
+        """The keys whose version on disk is not mirrored (a copy)."""
+        return set(self._skipped)
+
     def skipped_version(self, key: str, sig: Signature) -> bool:
         """True when the version ``sig`` of ``key`` is the one skipped."""
         return self._skipped.get(key) == sig

@@ -428,6 +428,32 @@ def local_matches(root: Root, parts: list[str], size: int, sha256: str | None) -
         os.close(fd)
 
 
+@dataclass
+class StoredCopy:
+    """The file ``root/parts...`` read as the bytes of a stored object (size ``size``, hash
+    ``sha256``): its chunks, reached without following any symlink below the root, and
+    :class:`Unstable` after the last (:class:`Vanished` at the start) when the disk no longer
+    holds those very bytes. For a restore point's members (:mod:`sidecar.pointwriter`)."""
+
+    root: Root
+    parts: list[str]
+    size: int
+    sha256: str
+
+    def iter_sync(self) -> Generator[bytes, None, None]:
+        fd = _open_file_nofollow(self.root, self.parts)
+        try:
+            digest, n = hashlib.sha256(), 0
+            while n <= self.size and (chunk := os.read(fd, STREAM_CHUNK)):
+                digest.update(chunk)
+                n += len(chunk)
+                yield chunk
+        finally:
+            os.close(fd)
+        if n != self.size or digest.hexdigest() != self.sha256:
+            raise Unstable("/".join(self.parts))
+
+
 class UnsafeTarget(Exception):
     """A restore target would pass through a symlink or a non-directory."""
 

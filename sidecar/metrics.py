@@ -54,6 +54,11 @@ def _build() -> dict[str, Any]:
                             "owner's write window; 0 when it had released the namespace", **r),
         "QUARANTINED": Counter(_P + "restore_quarantined_objects", "Corrupt stored objects left out of a restore "
                                "(SIDECAR_RESTORE_CORRUPT=skip); kept in the store, never deleted", **r),
+        "POINTS": Counter(_P + "restore_points", "Restore points written, by kind (full, incr)", ["kind"], **r),
+        "POINT_BYTES": Counter(_P + "restore_point_bytes", "Bytes of the restore points written", **r),
+        "POINT_DELETES": Counter(_P + "restore_point_deletes", "Expired restore points deleted by retention", **r),
+        "LAST_POINT": Gauge(_P + "last_restore_point_timestamp_seconds",
+                            "Store time (Last-Modified) of the last restore point written", **r),
     }
     m["QUARANTINED"].inc(_early["quarantined"])
     m["RESTORED_FILES"].inc(_early["files"])

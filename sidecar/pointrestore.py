@@ -249,13 +249,18 @@ class PointFeed:
 
 
 async def _first_unreadable(store: Store, chain: tuple[PointName, ...]) -> PointName | None:
-    """The first point of ``chain`` whose header is unreadable or that is cut short (warned)."""
+    """The first point of ``chain`` that is unreadable, cut short, or does not follow the point
+    before it (its ``prev``: a chain missing a point gives a wrong tree); warned."""
+    prev = None
     for name in chain:
         try:
-            await read_header(store, name)
+            header = await read_header(store, name)
+            if prev is not None and header.prev != prev:
+                raise PointError(f"it follows point {header.prev}, which its chain lacks")
         except (PointError, NotFound) as e:
             _unusable(name, e)
             return name
+        prev = name.seq
     return None
 
 

@@ -349,11 +349,12 @@ class Retention:
 
 def retention_plan(points_with_times: Mapping[PointName, float | None] | Iterable[tuple[PointName, float | None]],
                    now: float, rules: Retention = Retention()) -> list[PointName]:
-    """The points to delete, oldest first, given each point's store time and the store's ``now``
-    (e.g. the newest point's time). Kept: see :class:`Retention`; a point without a time is kept
-    (its age is not known); every point of a kept point's chain up to it is kept. An incremental
-    outside any chain is kept while younger than ``keep_all`` (a writer may be putting its
-    chain), deleted after."""
+    """The points to delete, newest first, given each point's store time and the store's
+    ``now`` (e.g. the newest point's time). Deleted in this order, a chain only ever loses its
+    newest points: what is left of it stays usable, even to a listing that runs meanwhile.
+    Kept: see :class:`Retention`; a point without a time is kept (its age is not known); every
+    point of a kept point's chain up to it is kept. An incremental outside any chain is kept
+    while younger than ``keep_all`` (a writer may be putting its chain), deleted after."""
     times = dict(points_with_times.items() if isinstance(points_with_times, Mapping) else points_with_times)
     of = _chain_of(chains(times))
     kept: set[PointName] = {p for p, t in times.items() if t is None or now - t <= rules.keep_all}
@@ -373,7 +374,7 @@ def retention_plan(points_with_times: Mapping[PointName, float | None] | Iterabl
     for p in list(kept):
         if p in of:
             kept.update(of[p].upto(p))
-    return sorted(p for p in times if p not in kept)
+    return sorted((p for p in times if p not in kept), reverse=True)
 
 
 # -- compaction -------------------------------------------------------------------------------

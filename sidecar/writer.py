@@ -113,13 +113,20 @@ class Writer:
             await self._fence.release(timeout)
 
     # -- the store interface ---------------------------------------------------------------
+    def reserve_version(self) -> int:
+        """A version for a write whose key must name it (a restore point's seq), taken now and
+        given to :meth:`put` as ``version``; 0 without a fence or before the claim."""
+        return self._fence.next_version() if self._fence is not None else 0
+
     async def put(self, key: str, data: bytes | Source, meta: ObjectMeta, if_version: int | None = None,
-                  expected: ObjectInfo | None = None) -> ObjectInfo:
-        """Prove ownership, stamp ``meta`` with the next version, then put (raises :class:`Fenced`);
-        ``expected`` as for :meth:`Store.put <sidecar.store.base.Store.put>`."""
+                  expected: ObjectInfo | None = None, *, version: int | None = None) -> ObjectInfo:
+        """Prove ownership, stamp ``meta`` with the next version (or ``version``, reserved by
+        :meth:`reserve_version`), then put (raises :class:`Fenced`); ``expected`` as for
+        :meth:`Store.put <sidecar.store.base.Store.put>`."""
         _refuse_marker(key)
         await self._prove()
-        version = self._fence.next_version() if self._fence is not None else 0
+        if version is None:
+            version = self._fence.next_version() if self._fence is not None else 0
         return await self._store.put(key, data, replace(meta, version=version), if_version=if_version, expected=expected)
 
     async def delete(self, key: str) -> None:

@@ -281,7 +281,7 @@ def test_retention_keeps_the_last_hour_one_an_hour_for_a_day_one_a_day_for_a_wee
     assert len(hours) >= 23
     days = {int(times[p] // D) for p in kept if D < now - times[p] <= 7 * D}
     assert len(days) >= 6 and all(now - times[p] <= 7 * D for p in kept)
-    assert plan == sorted(plan) and set(plan) | kept == set(times)
+    assert plan == sorted(plan, reverse=True) and set(plan) | kept == set(times)
 
 
 def test_retention_never_deletes_what_a_kept_point_needs_nor_the_newest():
@@ -290,7 +290,7 @@ def test_retention_never_deletes_what_a_kept_point_needs_nor_the_newest():
              full(5): now - 15 * D, incr(8, 6): now - 10 * D, PointName(9, INCR, 1): None}
     gone = retention_plan(times, now)
     # incr 4 is its day's newest: its chain back to full 1 stays; incr 3 too (4 needs it)
-    assert gone == [full(5), incr(8, 6)]
+    assert gone == [incr(8, 6), full(5)]
     old = {full(1): now - 20 * D, incr(2, 1): now - 19 * D}
     assert retention_plan(old, now) == []  # the newest point (and its chain) is always kept
     assert retention_plan(old, now, Retention(keep_all=0, hourly=0, daily=0)) == []
