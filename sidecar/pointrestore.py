@@ -54,15 +54,15 @@ from sidecar.restorefs import (
     write_lineage,
     write_restored,
 )
-from sidecar.restoreplan import as_of_refused, as_of_time, chain_tree, from_point
+from sidecar.restoreplan import as_of_refused, as_of_time, chain_tree, from_point, holding_point
 from sidecar.retry import retry_transient
 from sidecar.snapshot import BundleError
 from sidecar.store.base import NotFound, ObjectInfo, Store, StoreError
 from sidecar.tarstream import BLOCK, member_header, pad
 
-#: The latest state reads a chain's full point and at most this many of its newest incrementals
-#: (each held open, a chunk buffered, until the listing ends): a file whose newest version only a
-#: skipped incremental holds is fetched from its object, which its exact version match makes safe.
+#: The latest state opens a chain's full point and at most this many of its newest increments
+#: while the store is listed (each held open, a chunk buffered, until the listing ends); the
+#: others are read once it has ended, only those that should hold a listed file's version.
 MAX_INCREMENTS_READ = 7
 #: Files up to this size are written on the event loop (as the restorer does).
 INLINE_WRITE_MAX = 256 * 1024
@@ -175,6 +175,12 @@ class PointFeed:
         self.opened: list[Opened] = []
         self.tree: dict[str, tuple[int, PointEntry]] = {}
         self.taken: dict[str, tuple[Root, ObjectInfo]] = {}
+        #: the chain's increments by seq (all of them) and those not opened (not read before the
+        #: listing ends): a listed file written between the full point and the newest increment
+        #: comes from the first increment after its version, read afterwards if it was not opened
+        self.incrs: list[int] = []
+        self.unread: dict[int, PointName] = {}
+        self.deferred: dict[int, dict[str, tuple[Root, ObjectInfo]]] = {}
         self.placed = 0
 
     async def prepare(self, deadline: float) -> None:
@@ -183,8 +189,10 @@ class PointFeed:
         try:
             points = await list_points(self.store, deadline)
             bad: list[PointName] = []
-            while chosen := choose_for_latest(points, bad):
-                chosen = chosen[:1] + chosen[1:][-MAX_INCREMENTS_READ:]
+            while chain := choose_for_latest(points, bad):
+                chosen = chain[:1] + chain[1:][-MAX_INCREMENTS_READ:]
+                self.incrs = [p.seq for p in chain[1:]]
+                self.unread = {p.seq: p for p in chain[1:] if p not in chosen}
                 try:
                     for name in chosen:
                         self.opened.append(await open_point(self.store, name))
@@ -193,6 +201,8 @@ class PointFeed:
                     _unusable(name, e)
                     bad.append(name)
                     if self.opened:  # the full and the increments before the bad one: still a chain
+                        self.incrs = [q.seq for q in chain[1:] if q.seq < name.seq]
+                        self.unread = {q: p for q, p in self.unread.items() if q < name.seq}
                         break
             self.tree = chain_tree(o.header.entries for o in self.opened)
             if self.opened:
@@ -205,13 +215,19 @@ class PointFeed:
             self.known.set()
 
     def take(self, root: Root, info: ObjectInfo) -> bool:
-        """Whether ``info`` (a listed file of ``root``, being filled) is restored from a point."""
+        """Whether ``info`` (a listed file of ``root``, being filled) is restored from a point:
+        from an opened one when its entry matches, or deferred to the unread increment that
+        should hold its version (:func:`~sidecar.restoreplan.holding_point`)."""
         held = self.tree.get(info.key)
-        if held is None or not from_point(info, held[1], merging=root.name in self.merging,
-                                          max_file_size=self.max_file_size):
-            return False
-        self.taken[info.key] = (root, info)
-        return True
+        merging = root.name in self.merging
+        if held is not None and from_point(info, held[1], merging=merging, max_file_size=self.max_file_size):
+            self.taken[info.key] = (root, info)
+            return True
+        seq = holding_point(info.version, self.incrs) if self.unread else None
+        if seq in self.unread and not merging and info.sha256 is not None and info.size <= self.max_file_size:
+            self.deferred.setdefault(seq, {})[info.key] = (root, info)
+            return True
+        return False
 
     async def place(self, place: Place) -> list[tuple[Root, ObjectInfo]]:
         """Stream every opened point, concurrently, through ``place`` for the taken files whose
@@ -230,14 +246,39 @@ class PointFeed:
             finally:
                 await close_stream(opened.chunks)
 
+        async def later(seq: int, files: dict[str, tuple[Root, ObjectInfo]], limit: anyio.Semaphore) -> None:
+            async with limit:
+                name = self.unread[seq]
+                try:
+                    opened = await open_point(self.store, name)
+                except (PointError, StoreError) as e:
+                    _unusable(name, e)
+                    return
+                try:
+                    async for entry, body in opened.reader.files():
+                        got = files.get(entry.key)
+                        if got is not None and from_point(got[1], entry, merging=False, max_file_size=self.max_file_size):
+                            await place(got[0], got[1], body)
+                            done.add(entry.key)
+                except (PointError, BundleError, StoreError) as e:
+                    _unusable(name, e)
+                finally:
+                    await close_stream(opened.chunks)
+
         if self.taken:
             async with anyio.create_task_group() as tg:
                 for i, opened in enumerate(self.opened):
                     tg.start_soon(one, i, opened)
         else:
             await self.close()
+        if self.deferred:  # a few at a time: each holds a chunk while it streams
+            limit = anyio.Semaphore(MAX_INCREMENTS_READ + 1)
+            async with anyio.create_task_group() as tg:
+                for seq, files in sorted(self.deferred.items()):
+                    tg.start_soon(later, seq, files, limit)
         self.placed = len(done)
-        return [t for key, t in self.taken.items() if key not in done]
+        waiting = [t for files in self.deferred.values() for t in files.values()]
+        return [t for t in [*self.taken.values(), *waiting] if t[1].key not in done]
 
     async def close(self) -> None:
         for opened in self.opened:

@@ -5,6 +5,7 @@ what is recorded on disk afterwards. Pure; the rule per root is :func:`sidecar.p
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 from enum import Enum
 from typing import Iterable, Mapping, Protocol, Sequence, TypeVar
@@ -182,6 +183,15 @@ def from_point(listed: ObjectInfo, entry: PointEntry | None, *, merging: bool, m
     m = None if entry is None else entry.meta
     return (m is not None and not merging and listed.sha256 is not None and listed.size <= max_file_size
             and (listed.version, listed.size, listed.sha256) == (m.version, m.size, m.sha256))
+
+
+def holding_point(version: int, seqs: Sequence[int]) -> int | None:
+    """The point of a chain (``seqs``: its increments' seqs, ascending) that should hold a per-file
+    object stored at ``version``: the first written after it (a point's seq is a version the
+    writer reserved once the store held its files). None when every point is older. Only a hint:
+    its entry must still match the listed object (:func:`from_point`)."""
+    i = bisect.bisect_right(seqs, version)
+    return seqs[i] if i < len(seqs) else None
 
 
 def plan_point_sources(listed: Iterable[ObjectInfo], tree: Mapping[str, tuple[int, PointEntry]], *,

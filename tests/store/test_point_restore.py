@@ -185,3 +185,24 @@ async def test_as_of_never_uses_a_point_cut_short(make_store, tmp_path, caplog):
     await restore_as_of(store, [root], incr.modified, None, force=False, lineage=Lineage(store.description, ""))
     assert tree(Path(root.path)) == at_full  # the newest usable point at or before the time
     assert len(warnings(caplog, "restore_point_unusable")) == 1
+
+
+async def test_a_long_chain_reads_only_the_increments_that_hold_listed_files(make_store, tmp_path):
+    store = await make_store()
+    await seed(store, 5)
+    await write_point(store, 100)
+    early, churn = f"{ROOT}/d1/1.json", f"{ROOT}/churn.json"
+    for n in range(10):  # ten increments: the first rewrites ``early``; the 2nd, 3rd and last ``churn``
+        key = early if n == 0 else churn if n in (1, 2, 9) else f"{ROOT}/later/{n}.json"
+        await put(store, key, f"increment {n}".encode(), 1000 + 10 * n)
+        await write_point(store, 1005 + 10 * n, [key], base=100, prev=100 if n == 0 else 995 + 10 * n)
+    await store.delete(f"{ROOT}/later/5.json")  # deleted after its point: gone for good
+    latest = await stored(store)
+    counting = Counting(store)
+    root = root_in(tmp_path)
+    _, result = await restore(counting, [root])
+    assert tree(Path(root.path)) == latest
+    assert result.from_points == len(latest) and counting.gets(ROOT) == []
+    read = [int(k.rsplit("/", 1)[1].split("-", 1)[0]) for k in counting.gets(".sidecar/points/")]
+    # the full, the 7 newest increments, and the first (the only older one that holds a listed file)
+    assert read == [100, 1005, *range(1035, 1100, 10)]

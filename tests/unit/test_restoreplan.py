@@ -158,3 +158,14 @@ def test_as_of_fills_empty_roots_only_unless_forced_and_measures_ages_on_the_sto
     assert as_of_time(1000.0, None, None) == 1000.0
     assert as_of_time(None, 60.0, 5000.0) == 4940.0
     assert as_of_time(None, 60.0, None) is None
+
+
+def test_the_point_that_should_hold_a_version_is_the_first_written_after_it():
+    from sidecar.restoreplan import holding_point
+
+    seqs = [110, 120, 130]
+    assert holding_point(105, seqs) == 110
+    assert holding_point(110, seqs) == 120  # a point's own seq is never a file's version
+    assert holding_point(125, seqs) == 130
+    assert holding_point(130, seqs) is None and holding_point(500, seqs) is None  # written after the newest
+    assert holding_point(1, []) is None
