@@ -1,7 +1,8 @@
 """``checkpoint-sidecar history [--json]``: the namespace's restore points, newest first.
 
 One listing of ``.sidecar/points/``, then the header (the first tar member) of each point, read
-``concurrency`` at a time and the rest of its object never fetched: its file count. One line per
+four at a time (at most ``SIDECAR_CONCURRENCY``) and the rest of its object never fetched: its
+file count. One line per
 point: its time (the store's Last-Modified, RFC 3339 UTC), kind, files, bytes (the point object's
 size) and seq; ``--json`` one JSON object per line. Reads only.
 """
@@ -65,7 +66,7 @@ async def command(settings: Settings, as_json: bool) -> int:
         points = await list_points(store, deadline)
         in_chain = {p for c in chains(points) for p in c.points}
         headers: dict[PointName, tuple[int | None, int | None, str | None]] = {}
-        limit = anyio.Semaphore(settings.concurrency)
+        limit = anyio.Semaphore(min(settings.concurrency, 4))  # each read holds a chunk (4 MiB) at most
 
         async def header(name: PointName) -> None:
             async with limit:
