@@ -1,4 +1,4 @@
-"""Command line: ``checkpoint-sidecar {restore,sync,run,status,probe,release,history}``.
+"""Command line: ``checkpoint-sidecar {restore,sync,run,status,probe,release,sessions,prune,history}``.
 
 Parses the flags, reads one validated :class:`~sidecar.config.Settings` (environment + flags) and
 hands it to the command: :mod:`sidecar.lifecycle` runs ``restore``, ``sync`` and ``run`` (what
@@ -39,6 +39,10 @@ _EPILOG = {
     "status": "0 in sync; 1 not in sync or the store cannot be reached",
     "probe": "0 ready/live; 1 not, or no answer within --timeout; 2 when SIDECAR_HTTP_ADDR is empty",
     "release": "0 once released (or when the namespace has no owner marker); 1 when the store cannot be reached",
+    "sessions": "0 once every namespace is listed; 1 when the store cannot be listed",
+    "prune": "0 done (also when nothing was eligible); 1 the store cannot be listed, or the push to --pushgateway "
+             "failed; 2 bad usage or configuration; 3 some eligible namespaces could not be pruned (the others were: "
+             "run it again)",
     "history": "0 once listed (none is fine); 1 when the store cannot be read",
 }
 _ENV_NOTE = ("Every flag is also the environment variable named in its help (flags win); variables of "
@@ -173,9 +177,39 @@ def build_parser(only: str | None = None) -> _Parser:
     pr.add_argument("--timeout", type=_timeout, default=2.0, help="seconds to wait for the answer (default: 2)")
     add("release", "hand the namespace over: its owner marker then names no identity, so a sidecar of any "
                    "identity may claim it (an owner still running is fenced); instead of deleting the marker")
+    _add_namespace_commands(add)
     add("history", "the namespace's restore points, newest first: time (store clock), kind, files, bytes, seq").add_argument(
         "--json", action="store_true", help="one JSON object per line")
     return parser
+
+
+def _duration(text: str) -> float:
+    """A ``--older-than`` / ``--live-within`` value: ``90s``, ``15m``, ``2h``, ``7d``..."""
+    from sidecar.configtypes import parse_duration
+
+    try:
+        return parse_duration(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _add_namespace_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
+    """``sessions`` and ``prune`` (docs/OPERATIONS.md, "Sessions and pruning")."""
+    live: dict[str, Any] = dict(type=_duration, default=3600.0, metavar="DURATION",
+                help="an owner marker rewritten within this long (by the store's clock) is live; keep it well above "
+                     "the sidecars' SIDECAR_HEARTBEAT_INTERVAL (default: 1h)")
+    se = add("sessions", "every namespace in the store, a line each: owner (live, released, stale, none), files, "
+                         "bytes, last write, restore points, identity")
+    se.add_argument("--json", action="store_true", help="one JSON object per line")
+    se.add_argument("--live-within", **live)
+    pr = add("prune", "delete whole namespaces whose session ended (owner not live) and whose last write is older "
+                      "than --older-than; a namespace claimed meanwhile keeps every object")
+    pr.add_argument("--older-than", type=_duration, required=True, metavar="DURATION",
+                    help="last write at least this old, by the store's clock (0s: every ended namespace)")
+    pr.add_argument("--dry-run", action="store_true", help="delete nothing; print what would be pruned")
+    pr.add_argument("--live-within", **live)
+    pr.add_argument("--pushgateway", metavar="URL", default=None,
+                    help="push the prune's gauges to this Prometheus Pushgateway at the end")
 
 
 def _command_in(argv: list[str]) -> str:
@@ -264,6 +298,14 @@ def main(argv: list[str] | None = None) -> int:
             return _arun(status.command, settings, roots, args.json)
         if args.command == "release":
             return _arun(lifecycle.release, settings, roots)
+        if args.command == "sessions":
+            from sidecar import sessions
+
+            return _arun(sessions.command, settings, args.json, args.live_within)
+        if args.command == "prune":
+            from sidecar import prune
+
+            return _arun(prune.command, settings, args.older_than, args.live_within, args.dry_run, args.pushgateway)
         if args.command == "history":
             from sidecar import history
 

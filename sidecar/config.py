@@ -140,7 +140,7 @@ class _Environment(EnvSettingsSource):
 #: The commands that mirror take every setting; each of the others takes the settings whose field
 #: names it (:func:`_uses`): its flags, and what it applies.
 MIRRORING_COMMANDS = ("sync", "run")
-ONE_SHOT_COMMANDS = ("restore", "status", "probe", "release", "history")
+ONE_SHOT_COMMANDS = ("restore", "status", "probe", "release", "sessions", "prune", "history")
 #: Commands that take exactly the settings of another: history reads what release reads (the store, the namespace).
 SAME_SETTINGS = {"history": "release"}
 
@@ -166,7 +166,7 @@ class Settings(BaseSettings):
 
     store: Text = Field(default_factory=default_store, description="file:///dir, a path, or an Azure Blob "
                         "container URL https://<account>.blob.core.windows.net/<container>[/<prefix>]",
-                        json_schema_extra=_uses("restore", "status", "release",
+                        json_schema_extra=_uses("restore", "status", "release", "sessions", "prune",
                                                 default="$XDG_STATE_HOME/checkpoint-sidecar/store"))
     layout: Layout = Field("agent-framework", description="which host's state to mirror: agent-framework "
                            "(.checkpoints,.function_approvals) or agentserver ($AGENTSERVER_STATE_ROOT)",
@@ -178,11 +178,12 @@ class Settings(BaseSettings):
     commit: Commit = Field(
         "auto", description="per-file, or snapshot: crash-consistent across files (auto: snapshot for agentserver)")
     prefix: Text = Field("", description="namespace inside the store; may refer to variables, e.g. 'agents/{POD_NAME}'",
-                         json_schema_extra=_uses("restore", "status", "release"))
+                         json_schema_extra=_uses("restore", "status", "release", "sessions", "prune"))
     session_namespace: SessionNamespace = Field(
         "auto", description="auto: each platform session (FOUNDRY_AGENT_SESSION_ID) in <prefix>/<agent>/<session> "
                             "(a template that does not place the session: <template>/<session>); "
-                            "off: the prefix as written", json_schema_extra=_uses("restore", "status", "release"))
+                            "off: the prefix as written",
+        json_schema_extra=_uses("restore", "status", "release", "sessions", "prune"))
     ignore: Words = Field(default_factory=lambda: list(DEFAULT_IGNORE), description="comma-separated basename globs "
                           "never mirrored", json_schema_extra=_uses("restore", "status", default=",".join(DEFAULT_IGNORE)))
 
@@ -195,7 +196,7 @@ class Settings(BaseSettings):
         "fail", description="a stored object whose bytes fail their sha256: fail the restore, or skip it "
                             "(left out, reported, kept in the store)", json_schema_extra=_uses("restore"))
     concurrency: Int = Field(16, ge=1, le=256, description="store operations in flight (uploads, downloads)",
-                       json_schema_extra=_uses("restore", "status", "release"))
+                       json_schema_extra=_uses("restore", "status", "release", "sessions", "prune"))
     debounce_ms: Int = Field(25, ge=2, le=1000,
                              description="watcher polling step while idle, ms: first-write latency vs idle CPU")
     reconcile_interval: Seconds = Field(120.0, description="seconds between local rescans (0: off)")
@@ -203,8 +204,10 @@ class Settings(BaseSettings):
     drain_timeout: Seconds = Field(20.0, description="seconds to flush pending work on shutdown")
     child_stop_grace: PositiveSeconds = Field(
         35.0, description="run: seconds a child gets after a forwarded SIGTERM before SIGKILL (above the host's own 30)")
-    fence_window: PositiveSeconds = Field(2.0, description="seconds a proof of store ownership is trusted")
-    fence_margin: Seconds = Field(8.0, description="extra seconds to wait before writing after a recently active owner")
+    fence_window: PositiveSeconds = Field(2.0, description="seconds a proof of store ownership is trusted",
+                                          json_schema_extra=_uses("prune"))
+    fence_margin: Seconds = Field(8.0, description="extra seconds to wait before writing after a recently active owner",
+                                  json_schema_extra=_uses("prune"))
     heartbeat_interval: Seconds = Field(900.0, description="seconds between rewrites of the owner marker's heartbeat "
                                         "while mirroring (0: never; ownership is proven by reading it)")
     restore_point_interval: Seconds = Field(60.0, description="seconds between restore points at most, each "

@@ -22,7 +22,7 @@ from anyio.abc import TaskStatus
 
 from sidecar import log, metrics
 from sidecar.config import Settings
-from sidecar.fence import OWNER_KEY, check_identity
+from sidecar.fence import OWNER_KEY, Taken, take_for_restore
 from sidecar.health import Health, Phase, RestorePhase
 from sidecar.known import StoreState
 from sidecar.listing import Listing, list_store
@@ -84,6 +84,10 @@ class Daemon:
         #: ``--no-restore``, or an unreachable store with SIDECAR_RESTORE_OPTIONAL): the disk is not
         #: the truth, so their stored files are never deleted
         self.unproven: set[str] = set()
+        #: whether the start-up takes the namespace over from a released owner or a pending prune
+        #: before its restore (sync, run; not the one-shot restore), and what it found and did
+        self.takes_over = True
+        self.taken: Taken | None = None
 
     @property
     def kept_roots(self) -> set[str]:
@@ -111,7 +115,7 @@ class Daemon:
         s = self.settings
         fence = Fence(self.store, s.fence_window, s.fence_margin, identity=s.namespace.identity,
                       namespace=s.namespace.path, on_wait=self.health.uploads_wait_until,
-                      floor=self.stored_max_version)
+                      floor=self.stored_max_version, taken=self.taken, interval=s.heartbeat_interval)
         return Writer(self.store, fence)
 
     @cached_property
@@ -163,8 +167,9 @@ class Daemon:
                             "the store to answer (and, with a managed identity, a token)", store=self.store.description)
         log.info("store", store=self.store.description, namespace=ns.describe())
         # another session's namespace is never restored from (nor, later, claimed)
-        self.marker_generation = await retry_transient(partial(check_identity, self.store, ns.identity, ns.path),
-                                                       "read the owner marker", deadline)
+        self.taken = await retry_transient(partial(take_for_restore, self.store, ns.identity, ns.path,
+                                                   take=self.takes_over), "read the owner marker", deadline)
+        self.marker_generation = self.taken.generation
         self.lineage = lineage_of(self.store, ns.path, self.marker_generation)
         listing, result = await restore(self.store, self.roots, mode=self.settings.restore,
                                         concurrency=self.settings.concurrency, deadline=deadline,
@@ -173,6 +178,9 @@ class Daemon:
         self.lineage_due = set(result.unrecorded)
         self.namespace_empty = not listing.objects and not listing.bundles and not listing.unsafe
         self.stored_max_version = listing.max_version
+        if self.namespace_empty and not self.taken.marker and not self.taken.pruned:
+            log.info("namespace_empty", namespace=ns.describe(), detail="the store holds nothing in this namespace (a "
+                     "new session, or one pruned after it ended): starting empty")
         assert "uploader" not in vars(self), "the uploader is made after the restore, with its listing"
         self.known = StoreState.from_listing(listing, self.snapshot_roots)  # the objects handed over, not copied
         self.restored = result

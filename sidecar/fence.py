@@ -28,6 +28,16 @@ through :class:`sidecar.writer.Writer`, which asks :meth:`Fence.before_write` fi
   successors. A marker without an identity is taken over by anyone; one that cannot be read
   (garbled, too large) by no one (``release`` rewrites it).
 
+* **pruning** (``checkpoint-sidecar prune``, :mod:`sidecar.prune`) takes an ended namespace through
+  this marker like an owner: a marker at a higher stamp with ``"prune": {"phase": "pending"}``,
+  then, after a grace, ``"deleting"``; it deletes only while the marker is still its own and
+  removes the marker last. Before its restore a starting sidecar (:func:`take_for_restore`) takes
+  over a ``pending`` prune marker, and a released one, at once (prune's next swap then fails and
+  it keeps every object); it waits out a ``deleting`` one, then starts empty. A claim that finds
+  ``deleting`` is fenced: what it restored may be half deleted.
+* **interval**: the marker records ``SIDECAR_HEARTBEAT_INTERVAL`` (``interval``): ``prune`` counts
+  a marker as live while younger than twice it, and always when it is 0 (never rewritten).
+
 Requests: one marker read per window while writing, none while idle; the heartbeat's writes."""
 
 from __future__ import annotations
@@ -57,6 +67,26 @@ from sidecar.store.base import (  # noqa: F401 (the version constants are part o
 
 OWNER_KEY = f"{OWN_NAMESPACE}/owner"
 
+#: A prune marker's field: ``{"phase": PRUNE_PENDING or PRUNE_DELETING}`` (see :mod:`sidecar.prune`).
+PRUNE_FIELD = "prune"
+PRUNE_PENDING, PRUNE_DELETING = "pending", "deleting"
+#: A prune marker's ``owner`` begins with this; a starting sidecar's take-over marker with RESUMING.
+PRUNE_OWNER, RESUMING = "prune:", "resuming:"
+#: How long a starting sidecar waits for a prune deleting its namespace to end (then: exit 1).
+PRUNE_WAIT_SECONDS = 300.0
+
+
+def prune_phase(marker: dict) -> str | None:
+    """The phase of a prune marker (:data:`PRUNE_PENDING`, :data:`PRUNE_DELETING`); None for
+    any other marker."""
+    value = marker.get(PRUNE_FIELD) if isinstance(marker, dict) else None
+    phase = value.get("phase") if isinstance(value, dict) else None
+    return phase if phase in (PRUNE_PENDING, PRUNE_DELETING) else None
+
+
+def is_released(marker: dict) -> bool:
+    """Whether an owner marker says its owner released the namespace (heartbeat 0)."""
+    return isinstance(marker, dict) and "heartbeat" in marker and _number(marker["heartbeat"], float) == 0
 
 
 
@@ -176,6 +206,69 @@ async def check_identity(store: Store, identity: dict[str, str], namespace: str)
     return marker_generation(marker)
 
 
+@dataclass(frozen=True)
+class Taken:
+    """What :func:`take_for_restore` found and did."""
+
+    generation: int  # the marker's generation as found (:func:`marker_generation`; 0: none)
+    stamp: int = 0  # the stamp of the marker this sidecar wrote over it (0: none written)
+    released: bool = True  # what it replaced was released or absent: the claim need not wait
+    pruned: bool = False  # a prune deleted the namespace meanwhile: it starts empty
+    marker: bool = False  # a marker was there when the restore began
+
+
+async def take_for_restore(store: Store, identity: dict[str, str], namespace: str, *, take: bool = True,
+                           wait: float = PRUNE_WAIT_SECONDS, poll: float = 0.5) -> Taken:
+    """:func:`check_identity` for a sidecar about to restore, and its side of pruning. A prune
+    marker in phase ``deleting`` is waited for (polled, at most ``wait`` seconds: then a
+    :class:`StoreError`) until it is gone, and the namespace starts empty (one line says so).
+    With ``take`` (``sync``, ``run``), a ``pending`` prune marker or a released one is replaced at
+    once by ours (a higher stamp of the same generation, a fresh heartbeat: live to ``prune``), a compare-and-swap, so
+    that no prune can delete what the restore is reading: prune's own swap then fails."""
+    deadline = time.monotonic() + wait
+    where = namespace or "(top of the store)"
+    pruned = False
+    while True:
+        marker, info = await read_marker_info(store)
+        why = conflict(marker, identity, namespace)
+        if why:
+            raise IdentityConflict(why)
+        phase = prune_phase(marker)
+        if phase == PRUNE_DELETING:
+            if time.monotonic() >= deadline:
+                raise StoreError(f"the store namespace {where!r} has been being pruned for {wait:.0f} s and the prune "
+                                 f"has not ended (its marker {OWNER_KEY!r} says deleting): if no prune runs any more, "
+                                 "run checkpoint-sidecar prune --older-than 0s to finish it, then start again")
+            if not pruned:
+                log.warning("namespace_being_pruned", namespace=log.printable(where),
+                            detail="a prune is deleting this namespace (its session had ended): waiting for it to end")
+            pruned = True
+            await anyio.sleep(poll)
+            continue
+        if pruned:
+            log.warning("namespace_pruned", namespace=log.printable(where),
+                        detail=f"namespace {log.printable(where)} was pruned after its session ended: starting empty")
+        released = not marker or is_released(marker)
+        found = Taken(marker_generation(marker), 0, released, pruned, bool(marker))
+        if not take or not (phase == PRUNE_PENDING or (marker and released)):
+            return found
+        seen = marker.get(STORED_VERSION, 0)
+        stamp = later_stamp(max(_stamp(marker.get("generation")), _stamp(seen)))
+        body: dict = {"generation": stamp, "owner": RESUMING + uuid.uuid4().hex, "heartbeat": time.time()}
+        if identity:
+            body["identity"] = identity
+        data = json.dumps(body).encode()
+        put = await store.put(OWNER_KEY, data, ObjectMeta.of(data, stamp, 0o600, version=stamp), if_version=seen,
+                              expected=info)
+        if put.version == stamp:
+            if phase == PRUNE_PENDING:
+                log.info("prune_cancelled", namespace=log.printable(where),
+                         detail="a prune was about to delete this namespace: taken over, every object kept")
+            # a prune's pending marker hid whether the owner before it had released: wait as if not
+            return Taken(found.generation, stamp, released and phase is None, pruned, True)
+        # changed since it was read (a prune's next phase, another claim): read it again
+
+
 def counted_version(version: int) -> int:
     """A stored version as it counts towards a claim's floor: itself, or 0 when its generation is
     above :data:`MAX_FLOOR_GENERATION` (no sidecar wrote it; a put replaces that object as if it
@@ -202,6 +295,16 @@ def next_stamp(current: int) -> int:
     """A stamp above ``current``: the next generation in the high bits, random low bits (never all
     ones, so a test can hold a stamp no claim of this generation can beat)."""
     return ((max(current, 0) >> 32) + 1) << 32 | secrets.randbelow(2**32 - 1)
+
+
+def later_stamp(current: int) -> int:
+    """A stamp above ``current`` in its generation (random low bits, never all ones) where there is
+    room, else the next generation's: a swap that must change the marker's version without raising
+    the generation the next claim goes above."""
+    room = (2**32 - 2) - (current & (2**32 - 1))
+    if current <= 0 or room <= 0:
+        return next_stamp(current)
+    return current + 1 + secrets.randbelow(room)
 
 
 @dataclass(frozen=True)
@@ -251,8 +354,13 @@ class Fence:
                  identity: dict[str, str] | None = None, namespace: str = "",
                  on_wait: Callable[[float | None], None] | None = None, floor: int | None = None,
                  clock: Callable[[], float] | None = None,
-                 sleep: Callable[[float], Awaitable[None]] | None = None) -> None:
+                 sleep: Callable[[float], Awaitable[None]] | None = None,
+                 taken: Taken | None = None, interval: float | None = None) -> None:
         self.store = store
+        #: what the start-up's take_for_restore wrote (its marker stands for the one it replaced)
+        self.taken = taken
+        #: SIDECAR_HEARTBEAT_INTERVAL, recorded in the marker for prune (None: not recorded)
+        self.interval = interval
         #: the highest version stored in the namespace, the claim's generation goes above it
         #: (None: not known, listed at the claim)
         self.floor = floor
@@ -283,6 +391,8 @@ class Fence:
         marker: dict = {"generation": stamp, "owner": self.owner, "heartbeat": heartbeat}
         if self.identity:
             marker["identity"] = self.identity
+        if self.interval is not None:
+            marker["interval"] = self.interval
         return json.dumps(marker).encode()
 
     @property
@@ -313,6 +423,10 @@ class Fence:
     async def claim(self) -> None:
         current = await self._read()
         why = conflict(current, self.identity, self.namespace)
+        if not why and prune_phase(current) == PRUNE_DELETING:
+            why = (f"the store namespace {self.namespace or '(top of the store)'!r} is being pruned (its session had "
+                   "ended when checkpoint-sidecar prune began): what this sidecar restored may be half deleted, so "
+                   "nothing of it is written; start again once the prune has ended (it then starts empty)")
         if why:
             self.fenced = why
             self._claimed.set()
@@ -345,7 +459,9 @@ class Fence:
         # the namespace (still draining, or gone without a word) may write until its last proof
         # plus one window, so our first write waits a whole window and the margin, on our own
         # monotonic clock, from now. A released marker (heartbeat 0) or none: no wait.
-        released = not current or ("heartbeat" in current and _number(current["heartbeat"], float) == 0)
+        released = not current or is_released(current)
+        if self.taken is not None and self.taken.stamp and current.get(STORED_VERSION) == self.taken.stamp:
+            released = self.taken.released  # our take-over marker stands for the one it replaced
         wait = 0.0 if released else self.window + self.margin
         self.writable_at = now + wait
         if wait > 0:

@@ -319,6 +319,7 @@ async def restore(settings: Settings, roots: list[Root], as_of: tuple[float | No
         if as_of is not None:
             return await restore_as_of(settings, roots, store, *as_of)
         daemon = Daemon(settings, roots, store)
+        daemon.takes_over = False  # reads only (a prune deleting the namespace is still waited for)
         code = await prepare(daemon, settings)
         if code is None:
             await daemon.report_legacy_state()
@@ -337,7 +338,7 @@ async def restore_as_of(settings: Settings, roots: list[Root], store: Store, whe
     import time
     from functools import partial
 
-    from sidecar.fence import IdentityConflict, check_identity
+    from sidecar.fence import IdentityConflict, take_for_restore
     from sidecar.paths import IgnoreRules
     from sidecar.pointrestore import AsOfError, rfc3339
     from sidecar.pointrestore import restore_as_of as fill
@@ -349,10 +350,11 @@ async def restore_as_of(settings: Settings, roots: list[Root], store: Store, whe
     deadline = time.monotonic() + 10.0
     try:
         await retry_transient(store.open, "open", deadline)
-        generation = await retry_transient(partial(check_identity, store, ns.identity, ns.path),
-                                           "read the owner marker", deadline)
+        # (a prune deleting the namespace is waited for; nothing is written: take=False)
+        taken = await retry_transient(partial(take_for_restore, store, ns.identity, ns.path, take=False),
+                                      "read the owner marker", deadline)
         done = await fill(store, roots, when, ago, force=settings.restore == "force",
-                          lineage=lineage_of(store, ns.path, generation), ignore=IgnoreRules(settings.ignore),
+                          lineage=lineage_of(store, ns.path, taken.generation), ignore=IgnoreRules(settings.ignore),
                           deadline=deadline)
     except IdentityConflict as e:
         return fail(f"refusing to restore: {e}", EXIT_CONFIG)

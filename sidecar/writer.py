@@ -135,6 +135,15 @@ class Writer:
         await self._prove()
         await self._store.delete(key)
 
+    async def delete_if(self, key: str, version: int) -> bool:
+        """Prove ownership, then delete while at ``version`` (raises :class:`Fenced`)."""
+        _refuse_marker(key)
+        await self._prove()
+        return await self._store.delete_if(key, version)
+
+    async def now(self) -> float:
+        return await self._store.now()
+
     async def open(self) -> None:
         await self._store.open()
 

@@ -173,5 +173,18 @@ class Store(Protocol):
     async def delete(self, key: str) -> None:
         """Remove ``key``; deleting a missing object is not an error."""
 
+    async def delete_if(self, key: str, version: int) -> bool:
+        """Remove ``key`` only while the store holds it at exactly ``version``, the check and the
+        removal one atomic step (Azure: a delete conditional on the ETag just read; the directory
+        store: under the key's lock); True when it was removed. For the owner marker
+        (``checkpoint-sidecar prune`` removes it last, only while it is still prune's)."""
+
+    async def now(self) -> float:
+        """The store's current time, in seconds since the epoch by the *store's* clock (the one
+        :attr:`ObjectInfo.modified` is read on), so that the age of an object is told without
+        comparing two machines' clocks. Azure: the ``Date`` of a response; the directory store:
+        the change time of a temp file it makes and removes (this machine's clock, said once in a
+        warning, where it cannot make one)."""
+
     async def aclose(self) -> None:
         """Release connections and credentials."""

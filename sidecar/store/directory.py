@@ -51,6 +51,7 @@ import os
 import shutil
 import stat
 import threading
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from itertools import islice
@@ -81,6 +82,7 @@ from sidecar.store.dirfs import (
     TMP_PREFIX,
     _bounded,
     _child_dir,
+    _clock_at,
     _fill,
     _fsync_dir,
     _Link,
@@ -98,6 +100,8 @@ from sidecar.store.dirfs import (
 )
 
 T = TypeVar("T")
+
+_CLOCK_TOLD = log.Once(limit=16)  # stores whose clock fell back to this machine's, said once each
 
 class DirectoryStore:
     """``create=False`` (a read-only use such as ``status``): :meth:`open` makes no directory,
@@ -562,31 +566,51 @@ class DirectoryStore:
                                "listed nor restored (and never taken for deleted); replace it with a real directory")
 
     async def delete(self, key: str) -> None:
-        parts = self._parts(key)
+        await self._run(self._remove, key, self._parts(key), None, key=key)
 
-        def remove() -> None:
-            try:
-                os.close(self._ns())
-            except FileNotFoundError:
-                return  # nothing stored here yet (and nothing made for a delete)
-            with self._locked(key):
-                # both ways are checked before either file is removed: a refusal changes nothing
-                found: list[tuple[int, str]] = []
+    async def delete_if(self, key: str, version: int) -> bool:
+        return await self._run(self._remove, key, self._parts(key), version, key=key)
+
+    async def now(self) -> float:
+        try:
+            return await self._run(lambda: _clock_at(self._ns(), close=True))
+        except StoreError as e:  # a read-only or missing store: no temp file can be made there
+            if _CLOCK_TOLD.first(self.top):
+                log.warning("store_clock_local", store=self.top, error=str(e),
+                            detail="the store's clock cannot be read (no file can be made there): this machine's is used")
+            return time.time()
+
+    def _remove(self, key: str, parts: list[str], version: int | None) -> bool:
+        """:meth:`delete` (``version`` None) or :meth:`delete_if`; whether something was removed."""
+        try:
+            os.close(self._ns())
+        except FileNotFoundError:
+            return False  # nothing stored here yet (and nothing made for a delete)
+        with self._locked(key):
+            if version is not None:
                 try:
-                    for target, data in ((parts, True), ([META_DIR, *parts[:-1], _meta_name(parts[-1])], False)):
-                        if (where := self._target(target, data)) is not None:
-                            found.append(where)
-                    removed = [_unlink_durably(*where) for where in found]
-                finally:
-                    for dfd, _name in found:
-                        os.close(dfd)
-            if not any(removed):
-                return
-            # Prune directories left empty, up to (not including) the namespace and its records.
-            self._prune(parts[:-1])
-            self._prune([META_DIR, *parts[:-1]], keep=1)
-
-        await self._run(remove, key=key)
+                    fd, info = self._open_object(key)
+                except NotFound:
+                    return False
+                os.close(fd)
+                if info.version != version:
+                    return False
+            # both ways are checked before either file is removed: a refusal changes nothing
+            found: list[tuple[int, str]] = []
+            try:
+                for target, data in ((parts, True), ([META_DIR, *parts[:-1], _meta_name(parts[-1])], False)):
+                    if (where := self._target(target, data)) is not None:
+                        found.append(where)
+                removed = [_unlink_durably(*where) for where in found]
+            finally:
+                for dfd, _name in found:
+                    os.close(dfd)
+        if not any(removed):
+            return False
+        # Prune directories left empty, up to (not including) the namespace and its records.
+        self._prune(parts[:-1])
+        self._prune([META_DIR, *parts[:-1]], keep=1)
+        return True
 
     def _target(self, parts: list[str], data: bool) -> tuple[int, str] | None:
         """The open directory and name of the file ``parts`` (below the namespace) to remove, or

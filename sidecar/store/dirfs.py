@@ -262,3 +262,24 @@ def _lock_name(key: str) -> str:
         return OWN_LOCK  # the same file as releases that lock only their own objects
     stripe = int.from_bytes(hashlib.sha256(key.encode("utf-8", "surrogateescape")).digest()[:4], "big")
     return f"{KEY_LOCK_PREFIX}{stripe % LOCK_STRIPES:02d}"
+
+
+def _clock_at(dfd: int, close: bool = False) -> float:
+    """The filesystem's clock: the change time of a temp file made (and removed) in the directory
+    ``dfd`` (closed after, with ``close``), in seconds since the epoch (what the store's objects'
+    ``modified`` is read on)."""
+    try:
+        return _clock_in(dfd)
+    finally:
+        if close:
+            os.close(dfd)
+
+
+def _clock_in(dfd: int) -> float:
+    name = f"{TMP_PREFIX}clock-{os.getpid()}-{secrets.token_hex(4)}"
+    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+    try:
+        return os.fstat(fd).st_ctime_ns / 1e9
+    finally:
+        os.close(fd)
+        _unlink_quietly(dfd, name)

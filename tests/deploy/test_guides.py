@@ -57,6 +57,13 @@ def guide_commands(readme: Path, pattern: str) -> list[str]:
     return found
 
 
+def guide_command(readme: Path, pattern: str, containing: str) -> str:
+    """The one command matching ``pattern`` that mentions ``containing`` (a guide's file name)."""
+    found = [c for c in guide_commands(readme, pattern) if containing in c]
+    assert len(found) == 1, f"{readme}: {len(found)} commands match {pattern!r} and name {containing!r}: {found}"
+    return found[0]
+
+
 def bash(script: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=cwd, capture_output=True, text=True,
                           timeout=300, env={"PATH": "/usr/local/bin:/usr/bin:/bin", **env})
@@ -136,8 +143,8 @@ ACA_VALUES = {
 
 
 def aca_fill_and_check(tmp_path: Path, file: Path, drop: str | None = None) -> subprocess.CompletedProcess:
-    (fill,) = guide_commands(ACA_README, r"^sed ")
-    (check,) = guide_commands(ACA_README, r"no placeholders left")
+    fill = guide_command(ACA_README, r"^sed ", "/tmp/approval-agent.yaml")
+    check = guide_command(ACA_README, r"no placeholders left", "/tmp/approval-agent.yaml")
     if drop:  # the user forgot one substitution
         fill, n = re.subn(r'-e "s#' + re.escape(drop) + r'#[^"]*#g" ', "", fill)
         assert n == 1, fill
@@ -170,8 +177,8 @@ FOUNDRY_README = REPO / "deploy" / "foundry" / "README.md"
 
 
 def foundry_fill_and_check(tmp_path: Path, drop: str | None = None) -> subprocess.CompletedProcess:
-    (fill,) = guide_commands(FOUNDRY_README, r"^sed ")
-    (check,) = guide_commands(FOUNDRY_README, r"no placeholders left")
+    fill = guide_command(FOUNDRY_README, r"^sed ", "/tmp/agent-version.json")
+    check = guide_command(FOUNDRY_README, r"no placeholders left", "/tmp/agent-version.json")
     if drop:
         fill, n = re.subn(r'-e "s#' + re.escape(drop) + r'#[^"]*#g" ', "", fill)
         assert n == 1, fill
@@ -201,6 +208,3 @@ def test_foundry_placeholder_check_finds_a_placeholder_left(tmp_path):
     assert "no placeholders left" not in proc.stdout and "<storage-account>" in proc.stdout, proc.stdout
 
 
-def test_foundry_guide_names_no_prune_command():
-    """`prune` does not exist yet: the recipe must not tell anyone to run it."""
-    assert "prune" not in FOUNDRY_README.read_text()

@@ -4,7 +4,9 @@ sidecar exports.
 A real ``checkpoint-sidecar sync`` (directory store, ``SIDECAR_HTTP_ADDR`` on 127.0.0.1) is started
 and its live ``/metrics`` scraped; every metric name in every dashboard query, template variable
 and alert expression must be among the exported series (histograms as ``_bucket``/``_sum``/
-``_count``). The rules file is checked for the structure Prometheus loads (and with ``promtool
+``_count``). The one exception: names under ``checkpoint_sidecar_prune_`` are the gauges
+``checkpoint-sidecar prune --pushgateway`` pushes (the sidecar never exports them), checked
+against ``PRUNE_GAUGES``. The rules file is checked for the structure Prometheus loads (and with ``promtool
 check rules`` where promtool is installed), the dashboard for the fields Grafana imports.
 """
 
@@ -26,6 +28,16 @@ from .conftest import REPO
 MONITORING = REPO / "deploy" / "monitoring"
 RULES = MONITORING / "alerts.yaml"
 DASHBOARD = MONITORING / "dashboard.json"
+
+#: The gauges `checkpoint-sidecar prune --pushgateway URL` pushes at the end of a run: the only names
+#: under PRUNE_PREFIX a rule may use. Kept here, in one place; the prune command's own tests check
+#: these names against a real push to a Pushgateway.
+PRUNE_PREFIX = "checkpoint_sidecar_prune_"
+PRUNE_GAUGES = frozenset({
+    "checkpoint_sidecar_prune_eligible_namespaces",
+    "checkpoint_sidecar_prune_pruned_namespaces",
+    "checkpoint_sidecar_prune_last_success_timestamp_seconds",
+})
 
 PROMQL_WORDS = {"and", "or", "unless", "bool", "offset", "by", "without", "on", "ignoring", "group_left",
                 "group_right", "inf", "nan"}
@@ -113,8 +125,26 @@ def test_every_metric_used_is_exported(live_metrics, source):
     assert exprs
     used = set().union(*(metric_names(e) for e in exprs))
     assert used and all(n.startswith("checkpoint_sidecar_") for n in used), used
-    missing = {n: [e for e in exprs if n in metric_names(e)] for n in used - exported}
-    assert not missing, f"not exported by the sidecar: {missing}"
+    missing = {n: [e for e in exprs if n in metric_names(e)] for n in used - exported - PRUNE_GAUGES}
+    assert not missing, f"not exported by the sidecar (nor pushed by prune): {missing}"
+
+
+def test_prune_names_are_the_pushed_gauges(live_metrics):
+    """The prune alerts read only the three gauges prune pushes, and the sidecar exports none of
+    them (so they are not checked against its /metrics)."""
+    exported = exported_names(live_metrics)
+    assert not {n for n in exported if n.startswith(PRUNE_PREFIX)}, "the sidecar exports a prune_ name"
+    used = set().union(*(metric_names(r["expr"]) for r in rules()), *(metric_names(e) for e in dashboard_queries()))
+    prune_used = {n for n in used if n.startswith(PRUNE_PREFIX)}
+    assert prune_used == PRUNE_GAUGES, f"unknown: {prune_used - PRUNE_GAUGES}, unused: {PRUNE_GAUGES - prune_used}"
+    # a misspelt prune name is caught: it is neither exported nor pushed
+    assert metric_names("checkpoint_sidecar_prune_eligible > 0") - exported - PRUNE_GAUGES
+
+
+def test_alerts_cover_namespaces_to_prune():
+    by_name = {r["alert"]: r for r in rules()}
+    assert "checkpoint_sidecar_prune_eligible_namespaces" in by_name["CheckpointSidecarNamespacesToPrune"]["expr"]
+    assert "checkpoint_sidecar_prune_last_success_timestamp_seconds" in by_name["CheckpointSidecarPruneNotSucceeding"]["expr"]
 
 
 def test_a_metric_the_sidecar_does_not_export_is_caught(live_metrics):
@@ -186,3 +216,43 @@ def test_dashboard_structure():
         assert p["targets"] and all(t["expr"] and t["refId"] for t in p["targets"])
         for t in p["targets"]:  # every query follows the sidecar picker
             assert 'instance=~"$instance"' in t["expr"], t["expr"]
+
+
+def test_prune_alerts_fire_as_documented(tmp_path):
+    """promtool's rule unit tests on the pushed gauges (a Pushgateway scraped every minute): three
+    namespaces eligible and none pruned for 2 days fires NamespacesToPrune (not before 48h), a
+    prune that pruned them all does not; no success for 2 days fires PruneNotSucceeding."""
+    promtool = shutil.which("promtool")
+    if not promtool:
+        pytest.skip("promtool is not installed (Debian: apt-get install prometheus)")
+    by_name = {r["alert"]: r for r in rules()}
+    job = "checkpoint-sidecar-prune"
+
+    def fired(alert: str, summary: str) -> dict:
+        return {"exp_labels": {"severity": by_name[alert]["labels"]["severity"], "job": job},
+                "exp_annotations": {"summary": summary, "description": by_name[alert]["annotations"]["description"]}}
+
+    minutes = 50 * 60 + 10
+    tests = {"rule_files": [str(RULES)], "evaluation_interval": "1m", "tests": [
+        {"interval": "1m",
+         "input_series": [
+             {"series": f'checkpoint_sidecar_prune_eligible_namespaces{{job="{job}"}}', "values": f"3x{minutes}"},
+             {"series": f'checkpoint_sidecar_prune_pruned_namespaces{{job="{job}"}}', "values": f"0x{minutes}"},
+             {"series": f'checkpoint_sidecar_prune_last_success_timestamp_seconds{{job="{job}"}}', "values": f"0x{minutes}"}],
+         "alert_rule_test": [
+             {"eval_time": "47h", "alertname": "CheckpointSidecarNamespacesToPrune", "exp_alerts": []},
+             {"eval_time": "50h", "alertname": "CheckpointSidecarNamespacesToPrune", "exp_alerts": [
+                 fired("CheckpointSidecarNamespacesToPrune", f"{job}: 3 ended namespaces have waited 2 days to be pruned")]},
+             {"eval_time": "50h", "alertname": "CheckpointSidecarPruneNotSucceeding", "exp_alerts": [
+                 fired("CheckpointSidecarPruneNotSucceeding", f"{job}: no prune has succeeded for 2d 2h 0m 0s")]}]},
+        {"interval": "1m",
+         "input_series": [
+             {"series": f'checkpoint_sidecar_prune_eligible_namespaces{{job="{job}"}}', "values": f"3x{minutes}"},
+             {"series": f'checkpoint_sidecar_prune_pruned_namespaces{{job="{job}"}}', "values": f"3x{minutes}"}],
+         "alert_rule_test": [
+             {"eval_time": "50h", "alertname": "CheckpointSidecarNamespacesToPrune", "exp_alerts": []}]},
+    ]}
+    path = tmp_path / "prune-rules-test.yaml"
+    path.write_text(yaml.safe_dump(tests))
+    proc = subprocess.run([promtool, "test", "rules", str(path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr

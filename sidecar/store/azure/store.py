@@ -23,6 +23,7 @@ import hashlib
 import os
 import re
 from datetime import datetime
+from email.utils import parsedate_to_datetime
 from typing import Any, AsyncIterator, Callable, Mapping
 from urllib.parse import urlsplit
 
@@ -526,6 +527,49 @@ class AzureBlobStore:
                 raise self._error(e, f"deleting {key!r}") from None
         except AzureError as e:
             raise self._error(e, f"deleting {key!r}") from None
+
+    async def delete_if(self, key: str, version: int) -> bool:
+        """Delete ``key`` while it is at ``version``: its properties read, then a delete conditional
+        on their ETag (``If-Match``); False when it is gone, at another version, or changed between."""
+        name = self._name(key)
+        self._first_page = None
+        blob = self._container_client().get_blob_client(name)
+        try:
+            props = await blob.get_blob_properties()
+            if self._info(key, props.size, props.metadata, props.etag, props.last_modified).version != version:
+                return False
+            await blob.delete_blob(delete_snapshots="include", etag=props.etag,
+                                   match_condition=MatchConditions.IfNotModified)
+        except ResourceModifiedError:
+            return False
+        except ResourceNotFoundError as e:
+            if error_code(e) == "ContainerNotFound":
+                raise self._error(e, f"deleting {key!r}") from None
+            return False
+        except AzureError as e:
+            raise self._error(e, f"deleting {key!r}") from None
+        return True
+
+    async def now(self) -> float:
+        """The service's clock: the ``Date`` header of one request (the container's properties;
+        a missing container answers with one too)."""
+        dates: list[str] = []
+
+        def seen(response: Any) -> None:
+            if date := response.http_response.headers.get("Date"):
+                dates.append(date)
+
+        try:
+            await self._container_client().get_container_properties(raw_response_hook=seen)
+        except ResourceNotFoundError:
+            pass
+        except AzureError as e:
+            if not dates:
+                raise self._error(e, "reading the store's clock") from None
+        try:
+            return parsedate_to_datetime(dates[-1]).timestamp()
+        except (IndexError, TypeError, ValueError):
+            raise StoreError(f"{self._where}: reading the store's clock: no Date header in the answer") from None
 
     async def aclose(self) -> None:
         if self._closed:

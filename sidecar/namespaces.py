@@ -1,0 +1,114 @@
+"""Every namespace of a store, streamed: one listing grouped by :class:`sidecar.sessionplan.Grouper`,
+each namespace's owner marker read (a few at a time, in order) and its owner told by the store's
+clock. ``sessions`` prints them, ``prune`` prunes the ended ones. Memory is bounded by
+:data:`BATCH` namespaces and the depth of a key, whatever the store holds."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import AsyncIterator
+
+import anyio
+
+from sidecar.fence import MAX_MARKER_BYTES, OWNER_KEY, STORED_VERSION, UNREADABLE, marker_identity
+from sidecar.sessionplan import Group, Grouper, owner
+from sidecar.store.base import NotFound, Store
+
+#: Namespaces whose markers are read at once.
+BATCH = 16
+
+
+@dataclass
+class Namespace:
+    """One namespace: its totals, its marker's fields ({}: none), and its owner."""
+
+    group: Group
+    marker: dict
+    owner: str
+    now: float  # the store's time when the owner was told
+
+    @property
+    def identity(self) -> dict[str, str]:
+        return marker_identity(self.marker)
+
+
+def full_name(prefix: str, namespace: str) -> str:
+    """A namespace as the sidecar names it (``SIDECAR_PREFIX`` included; a listing's are relative)."""
+    return "/".join(p for p in (prefix, namespace) if p)
+
+
+class StoreClock:
+    """The store's current time without a request each: :meth:`Store.now` once, then advanced by
+    this machine's monotonic clock (an elapsed time, never a comparison of two clocks)."""
+
+    def __init__(self, at: float) -> None:
+        self._at, self._mono = at, time.monotonic()
+
+    @classmethod
+    async def of(cls, store: Store) -> "StoreClock":
+        return cls(await store.now())
+
+    def now(self) -> float:
+        return self._at + (time.monotonic() - self._mono)
+
+
+async def read_marker_at(store: Store, namespace: str) -> dict:
+    """The owner marker of ``namespace`` (relative to ``store``'s prefix), read through the top
+    store (bytes and time only: :data:`STORED_VERSION` is not trusted there); {} when absent."""
+    key = f"{namespace}/{OWNER_KEY}" if namespace else OWNER_KEY
+    try:
+        info, chunks = await store.get_stream(key)
+    except NotFound:
+        return {}
+    data = bytearray()
+    try:
+        async for chunk in chunks:
+            data += chunk
+            if len(data) > MAX_MARKER_BYTES:
+                break
+    finally:
+        close = getattr(chunks, "aclose", None)
+        if close is not None:
+            await close()
+    try:
+        value = json.loads(bytes(data)) if len(data) <= MAX_MARKER_BYTES else None
+    except (ValueError, RecursionError):
+        value = None
+    if not isinstance(value, dict):
+        return {UNREADABLE: "not a JSON object of at most 64 KiB"}
+    value[STORED_VERSION] = info.version
+    return value
+
+
+async def walk(store: Store, live_within: float, clock: StoreClock | None = None) -> AsyncIterator[Namespace]:
+    """Every namespace below ``store``'s prefix, as the listing leaves it (children before their
+    parents, the top last). Raises ``StoreError``."""
+    clock = clock or await StoreClock.of(store)
+    grouper = Grouper()
+    batch: list[Group] = []
+
+    async def told(groups: list[Group]) -> list[Namespace]:
+        markers: list[dict] = [{} for _ in groups]
+
+        async def read(i: int) -> None:
+            if groups[i].marker is not None:
+                markers[i] = await read_marker_at(store, groups[i].namespace)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(len(groups)):
+                tg.start_soon(read, i)
+        now = clock.now()
+        return [Namespace(g, m, owner(m, g.marker.modified if g.marker else None, now, live_within), now)
+                for g, m in zip(groups, markers, strict=True)]
+
+    async for info in store.list():
+        batch += grouper.add(info)
+        if len(batch) >= BATCH:
+            for ns in await told(batch):
+                yield ns
+            batch = []
+    batch += grouper.finish()
+    for ns in await told(batch):
+        yield ns

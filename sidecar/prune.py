@@ -1,0 +1,167 @@
+"""``checkpoint-sidecar prune --older-than DURATION [--dry-run] [--live-within DURATION]
+[--pushgateway URL]``: delete whole namespaces whose session ended.
+
+Every namespace of the store is listed as ``sessions`` lists it (:func:`sidecar.namespaces.walk`);
+one is eligible when its owner is not live (released, stale, or no marker) and its last write is
+at least ``--older-than`` old, both by the store's clock (:func:`sidecar.sessionplan.prunable`);
+``--older-than 0s`` prunes every ended one. Each eligible namespace is pruned by
+:class:`sidecar.pruner.Pruner` (the owner-marker protocol that keeps a namespace claimed
+meanwhile whole), :data:`PARALLEL` at once. One line per eligible namespace on stdout, one
+summary line; progress on stderr when it is a terminal. ``--pushgateway``: the gauges of
+:data:`GAUGES`, pushed once at the end.
+
+Exit codes (:data:`EXIT_CODES`): 0 done (nothing eligible included); 1 the store cannot be
+listed, or the push failed; 2 bad usage or configuration; 3 some eligible namespaces could not
+be pruned (the others were; run it again)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from functools import partial
+
+import anyio
+import anyio.abc
+import anyio.to_thread
+
+from sidecar import log
+from sidecar.config import Settings
+from sidecar.errors import EXIT_CONFIG, EXIT_FAIL, EXIT_OK, fail
+from sidecar.namespaces import Namespace, StoreClock, full_name, walk
+from sidecar.pruner import FAILED, PRUNED, SKIPPED, WOULD_PRUNE, Pruner, Result
+from sidecar.sessionplan import prunable
+from sidecar.store.base import Store, StoreError
+from sidecar.storeclient import open_store
+
+EXIT_PARTIAL = 3
+EXIT_CODES = (f"{EXIT_OK} done (also when nothing was eligible); {EXIT_FAIL} the store cannot be listed, or the "
+              f"push to --pushgateway failed; {EXIT_CONFIG} bad usage or configuration; {EXIT_PARTIAL} some eligible "
+              "namespaces could not be pruned (the others were: run it again)")
+#: Namespaces pruned at once (each waits a grace of SIDECAR_FENCE_WINDOW + SIDECAR_FENCE_MARGIN).
+PARALLEL = 16
+#: The gauges pushed to --pushgateway (alert rules use these names).
+GAUGES = {
+    "checkpoint_sidecar_prune_eligible_namespaces": "namespaces the last prune found eligible",
+    "checkpoint_sidecar_prune_pruned_namespaces": "namespaces the last prune deleted",
+    "checkpoint_sidecar_prune_last_success_timestamp_seconds": "when a prune last ended with every eligible "
+                                                               "namespace pruned (unix time)",
+}
+JOB = "checkpoint_sidecar_prune"
+
+
+class Tally:
+    """The counts of one run, and its progress line."""
+
+    def __init__(self, dry_run: bool) -> None:
+        self.dry_run = dry_run
+        self.listed = self.eligible = self.kept = 0
+        self.by: dict[str, int] = {PRUNED: 0, WOULD_PRUNE: 0, SKIPPED: 0, FAILED: 0}
+        self.objects = self.bytes = 0
+        self.tty = sys.stderr.isatty()
+
+    def add(self, r: Result) -> None:
+        self.by[r.outcome] += 1
+        if r.outcome in (PRUNED, WOULD_PRUNE):
+            self.objects += r.objects
+            self.bytes += r.bytes
+
+    def progress(self) -> None:
+        if self.tty:
+            done = self.by[PRUNED] + self.by[WOULD_PRUNE]
+            print(f"\r{self.listed} namespaces listed, {self.eligible} eligible, {done} "
+                  f"{'would be pruned' if self.dry_run else 'pruned'}", end="", file=sys.stderr, flush=True)
+
+    def summary(self) -> str:
+        if self.tty:
+            print(file=sys.stderr)
+        done = self.by[WOULD_PRUNE] if self.dry_run else self.by[PRUNED]
+        verb = "would prune" if self.dry_run else "pruned"
+        return (f"prune: {verb} {done} namespaces ({self.objects} objects, {self.bytes} bytes); kept {self.kept} "
+                f"(live, or written too recently); skipped {self.by[SKIPPED]} (claimed or changed meanwhile: "
+                f"every object kept); failed {self.by[FAILED]}{' (dry run: nothing deleted)' if self.dry_run else ''}")
+
+
+def line(r: Result, prefix: str) -> str:
+    """The stdout line of one eligible namespace (its name escaped)."""
+    name = log.printable(full_name(prefix, r.namespace) or "(top of the store)")
+    if r.outcome in (PRUNED, WOULD_PRUNE):
+        return f"{r.outcome} {name} ({r.objects} objects, {r.bytes} bytes)"
+    return f"{r.outcome} {name}: {log.printable(r.why)}"
+
+
+async def command(settings: Settings, older_than: float, live_within: float, dry_run: bool,
+                  pushgateway: str | None) -> int:
+    """Prune (see the module docstring); the exit code."""
+    top = open_store(settings, read_only=True)
+    prefix = settings.namespace.path
+    tally = Tally(dry_run)
+    try:
+        await top.open()
+        clock = await StoreClock.of(top)
+        pruner = Pruner(partial(_store_for, settings, prefix), clock.now, settings.fence_window,
+                        settings.fence_margin, older_than, live_within, dry_run)
+        await _run(top, pruner, clock, tally, prefix)
+    except StoreError as e:
+        return fail(f"cannot list the namespaces of {top.description}: {e}")
+    finally:
+        await top.aclose()
+    print(tally.summary(), flush=True)
+    code = EXIT_PARTIAL if tally.by[FAILED] else EXIT_OK
+    if pushgateway:
+        try:
+            await anyio.to_thread.run_sync(push, pushgateway, tally, code == EXIT_OK and not dry_run)
+        except Exception as e:  # the gateway's answer or the connection: one line
+            return fail(f"cannot push the prune's gauges to {log.redact(pushgateway)}: {type(e).__name__}: {e}")
+    return code
+
+
+def _store_for(settings: Settings, prefix: str, namespace: str) -> Store:
+    """A namespace's own store, as its sidecar makes it (the directory store's records and locks
+    are per namespace)."""
+    from sidecar.store import make_store
+
+    return make_store(settings.store_url, full_name(prefix, namespace), concurrency=4)
+
+
+async def _run(top: Store, pruner: Pruner, clock: StoreClock, tally: Tally, prefix: str) -> None:
+    """List and prune: the walk feeds :data:`PARALLEL` workers through a bounded stream."""
+    send, receive = anyio.create_memory_object_stream[Namespace](PARALLEL)
+
+    async def worker(queue: anyio.abc.ObjectReceiveStream[Namespace]) -> None:
+        async with queue:
+            async for ns in queue:
+                r = await pruner.prune(ns)
+                tally.add(r)
+                print(line(r, prefix), flush=True)
+                tally.progress()
+
+    async with anyio.create_task_group() as tg:
+        with receive:
+            for _ in range(PARALLEL):
+                tg.start_soon(worker, receive.clone())
+        async with send:
+            async for ns in walk(top, pruner.live_within, clock):
+                tally.listed += 1
+                g = ns.group
+                modified = g.marker.modified if g.marker is not None else None
+                if prunable(ns.owner, g.last_write, ns.marker, modified, clock.now(), pruner.older_than,
+                            pruner.live_within):
+                    tally.eligible += 1
+                    await send.send(ns)
+                else:
+                    tally.kept += 1
+                tally.progress()
+
+
+def push(url: str, tally: Tally, success: bool) -> None:
+    """Push the gauges (prometheus-client's ``pushadd_to_gateway``: the last success time stays
+    as it was when this run did not succeed)."""
+    from prometheus_client import CollectorRegistry, Gauge, pushadd_to_gateway
+
+    registry = CollectorRegistry()
+    names = list(GAUGES)
+    Gauge(names[0], GAUGES[names[0]], registry=registry).set(tally.eligible)
+    Gauge(names[1], GAUGES[names[1]], registry=registry).set(tally.by[PRUNED])
+    if success:
+        Gauge(names[2], GAUGES[names[2]], registry=registry).set(time.time())
+    pushadd_to_gateway(url, job=JOB, registry=registry, timeout=10)

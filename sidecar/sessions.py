@@ -1,0 +1,62 @@
+"""``checkpoint-sidecar sessions [--json] [--live-within DURATION]``: every namespace of the store,
+one line each, as the listing streams in (:func:`sidecar.namespaces.walk`): namespace, owner,
+files, bytes, last write (the store's clock), restore points, identity. Read-only. ``--json``: one
+JSON object per line. Exit 0; 1 when the store cannot be read (the lines printed so far stand)."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from typing import Any
+
+from sidecar import log
+from sidecar.config import Settings
+from sidecar.errors import EXIT_OK, fail
+from sidecar.namespace import describe_identity
+from sidecar.namespaces import Namespace, full_name, walk
+from sidecar.store.base import StoreError
+from sidecar.storeclient import open_store
+
+HEADER = f"{'NAMESPACE':<44} {'OWNER':<8} {'FILES':>7} {'BYTES':>12} {'LAST WRITE (UTC)':<20} {'POINTS':>6}  IDENTITY"
+
+
+def rfc3339(t: float | None) -> str | None:
+    """A store time as RFC 3339 UTC (``2026-01-02T03:04:05Z``); None when not known."""
+    if t is None:
+        return None
+    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def as_json(ns: Namespace, prefix: str) -> dict[str, Any]:
+    """The ``--json`` object of one namespace."""
+    g = ns.group
+    return {"namespace": full_name(prefix, g.namespace), "identity": ns.identity, "files": g.files,
+            "objects": g.objects, "bytes": g.bytes, "last_write": rfc3339(g.last_write), "owner": ns.owner,
+            "points": g.points}
+
+
+def as_text(ns: Namespace, prefix: str) -> str:
+    """The text line of one namespace (every name escaped: a key cannot forge a line)."""
+    g = ns.group
+    name = log.printable(full_name(prefix, g.namespace) or "(top of the store)")
+    return (f"{name:<44} {ns.owner:<8} {g.files:>7} {g.bytes:>12} {rfc3339(g.last_write) or '-':<20} {g.points:>6}  "
+            f"{log.printable(describe_identity(ns.identity))}")
+
+
+async def command(settings: Settings, json_lines: bool, live_within: float) -> int:
+    """Print every namespace (see the module docstring)."""
+    store = open_store(settings, read_only=True)
+    prefix = settings.namespace.path
+    try:
+        await store.open()
+        if not json_lines:
+            print(HEADER, flush=True)
+        async for ns in walk(store, live_within):
+            print(json.dumps(as_json(ns, prefix)) if json_lines else as_text(ns, prefix), flush=True)
+    except StoreError as e:
+        return fail(f"cannot list the namespaces of {store.description}: {e}")
+    except OSError as e:  # a closed pipe, a full disk
+        return fail(f"cannot write the list: {e.strerror or type(e).__name__}")
+    finally:
+        await store.aclose()
+    return EXIT_OK
