@@ -26,7 +26,17 @@ from dataclasses import dataclass, field
 from typing import AsyncIterator, Iterable, Iterator, Mapping
 
 from sidecar.store.base import OWN_NAMESPACE, ObjectMeta
-from sidecar.tarstream import MAX_ENTRIES, MAX_HEADER_BYTES, Member, Streamed, TarReader, TarSource, drain, tar_chunks
+from sidecar.tarstream import (
+    MAX_ENTRIES,
+    MAX_HEADER_BYTES,
+    Member,
+    Streamed,
+    TarReader,
+    TarSource,
+    drain,
+    load_header,
+    tar_chunks,
+)
 
 POINT_DIR = f"{OWN_NAMESPACE}/points"
 #: The first member of a point.
@@ -162,17 +172,8 @@ def _is_int(value: object) -> bool:
 
 def parse_header(raw: bytes) -> PointHeader:
     """The header of a point's first member; :class:`PointError` for anything malformed."""
-    objects = 0
-
-    def counted(pairs: list) -> dict:  # bounded before the next object is built
-        nonlocal objects
-        objects += 1
-        if objects > MAX_POINT_ENTRIES + 1:
-            raise PointError(f"unreadable point: the header names more than {MAX_POINT_ENTRIES} entries")
-        return dict(pairs)
-
     try:
-        h = json.loads(raw, object_pairs_hook=counted)
+        h = load_header(raw, MAX_POINT_ENTRIES, "point", PointError)
         if not isinstance(h, dict) or h.get("format") != FORMAT:
             raise PointError("unreadable point: not a point header")
         if h.get("version") != FORMAT_VERSION:

@@ -132,7 +132,7 @@ class PointWriter:
         if self.interval <= 0:
             return None
         try:
-            return await self.write_point()
+            return await self.write_point(compact=False)  # the drain is bounded: no full point unless needed
         except Fenced:
             return None
         except StoreError as e:
@@ -155,9 +155,11 @@ class PointWriter:
             tree[key] = ObjectMeta(info.size, info.sha256, info.mtime_ns, info.mode & 0o7777, info.version)
         return tree
 
-    async def write_point(self) -> Written | None:
+    async def write_point(self, *, compact: bool = True) -> Written | None:
         """A point of the committed tree if it changed since the last one (then retention); None
-        when nothing changed or the changes have not settled. Raises :class:`Fenced`, ``StoreError``."""
+        when nothing changed or the changes have not settled. ``compact=False``: an incremental
+        point whenever there is a chain to extend (a full one that is due waits for the next
+        point). Raises :class:`Fenced`, ``StoreError``."""
         async with self._lock:
             await self.writer.ready()
             if not self._loaded:
@@ -169,7 +171,7 @@ class PointWriter:
             chain = self.chain
             if chain is not None and chain.tree == tree:
                 return None
-            header = self._plan(tree, chain)
+            header = self._plan(tree, chain, compact)
             if not fits(header):
                 if not self._warned_large:
                     self._warned_large = True
@@ -209,16 +211,17 @@ class PointWriter:
         root, parts = split_key(key, self.roots_by_name)
         return root, parts
 
-    def _plan(self, tree: dict[str, ObjectMeta], chain: Chain | None) -> PointHeader:
+    def _plan(self, tree: dict[str, ObjectMeta], chain: Chain | None, compact: bool = True) -> PointHeader:
         seq = self.writer.reserve_version() or self._max_seq + 1
         self._max_seq = max(self._max_seq, seq)
         if chain is not None:
             changed = [PointEntry(k, m) for k, m in sorted(tree.items()) if k not in chain.tree or chain.tree[k] != m]
             gone = [PointEntry(k, None) for k in sorted(chain.tree.keys() - tree.keys())]
             age = (chain.last_time - chain.full_time) if chain.last_time is not None and chain.full_time is not None else 0.0
-            if not full_due(full_bytes=chain.full_bytes, incr_bytes=chain.incr_bytes + sum(e.written.size for e in changed),
-                            incrs=chain.incrs, full_age=age, full_interval=self.full_interval,
-                            tree_bytes=sum(m.size for m in tree.values())):
+            due = full_due(full_bytes=chain.full_bytes, incr_bytes=chain.incr_bytes + sum(e.written.size for e in changed),
+                           incrs=chain.incrs, full_age=age, full_interval=self.full_interval,
+                           tree_bytes=sum(m.size for m in tree.values()))
+            if not due or (not compact and chain.incrs < MAX_CHAIN_INCRS):
                 return PointHeader(INCR, seq, chain.base, chain.seq, tuple(changed + gone))
         return PointHeader(FULL, seq, seq, seq, tuple(PointEntry(k, m) for k, m in sorted(tree.items())))
 

@@ -44,7 +44,7 @@ from sidecar.localfs import FileSource, Unstable, Vanished, absent, hash_stable,
 from sidecar.metrics import Totals
 from sidecar.paths import IgnoreRules, Root, split_key
 from sidecar.store.base import OWN_NAMESPACE, NotFound, ObjectInfo, ObjectMeta, Store, StoreError
-from sidecar.tarstream import Member, TarReader, TarSource, drain, member_header, pad, tar_chunks
+from sidecar.tarstream import Member, TarReader, TarSource, drain, load_header, member_header, pad, tar_chunks
 
 if TYPE_CHECKING:
     from sidecar.writer import Writer
@@ -178,17 +178,8 @@ def _is_int(value: object) -> bool:
 
 def _parse_header(raw: bytes, version: int) -> tuple[str, list[Change]]:
     """The root and changes (written ones without their bytes) of a bundle's JSON header."""
-    objects = 0
-
-    def counted(pairs: list) -> dict:  # every JSON object: bounded before the next is built
-        nonlocal objects
-        objects += 1
-        if objects > MAX_BUNDLE_ENTRIES + 1:
-            raise BundleError(f"unreadable bundle: the header names more than {MAX_BUNDLE_ENTRIES} entries")
-        return dict(pairs)
-
     try:
-        header = json.loads(raw, object_pairs_hook=counted)
+        header = load_header(raw, MAX_BUNDLE_ENTRIES, "bundle", BundleError)
         if not isinstance(header, dict):
             raise BundleError("unreadable bundle: the header is not an object")
         if header.get("version") != version:

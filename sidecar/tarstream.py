@@ -13,6 +13,7 @@ no file is ever held whole. Pure but for the reads of streamed files (blocking, 
 from __future__ import annotations
 
 import hashlib
+import json
 import tarfile
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable, Iterable, Iterator, Protocol
@@ -270,6 +271,21 @@ class TarReader:
         """The first ``n`` buffered bytes, consumed."""
         out, self._buf = self._buf[:n], self._buf[n:]
         return out
+
+
+def load_header(raw: bytes, max_entries: int, what: str, error: type[Exception]) -> object:
+    """An archive's JSON header, parsed with at most ``max_entries`` + 1 JSON objects (the header
+    and its entries: bounded before the next object is built); ``ValueError`` when malformed."""
+    objects = 0
+
+    def counted(pairs: list) -> dict:
+        nonlocal objects
+        objects += 1
+        if objects > max_entries + 1:
+            raise error(f"unreadable {what}: the header names more than {max_entries} entries")
+        return dict(pairs)
+
+    return json.loads(raw, object_pairs_hook=counted)
 
 
 async def drain(chunks: AsyncIterator[bytes]) -> None:

@@ -315,3 +315,53 @@ def test_a_point_streams_its_files_memory_stays_bounded(target, tmp_path):
             assert peak < 24 << 20, peak  # a few chunks, never the file
 
     anyio.run(go)
+
+
+def test_no_point_while_the_uploader_has_work_the_committed_state_only(target, tmp_path):
+    async def go():
+        busy = [True]
+        async with Rig(target, tmp_path) as rig:
+            rig.points.idle = lambda: not busy[0]
+            await rig.put("r/a", b"one")
+            assert await rig.points.write_point() is None  # a commit may be half applied
+            assert await rig.point_names() == []
+            busy[0] = False
+            assert (await rig.points.write_point()).files == 1
+            assert await rig.points.write_point() is None  # nothing changed since
+            assert len(await rig.point_names()) == 1
+
+    anyio.run(go)
+
+
+def test_a_restarted_writer_extends_the_stored_chain(target, tmp_path):
+    async def go():
+        async with Rig(target, tmp_path, retention=Retention()) as rig:
+            await rig.put("r/big", b"B" * 100_000)  # so that a full point costs more than a few incrementals
+            await rig.put("r/a", b"one")
+            full = (await rig.points.write_point()).name
+            await rig.put("r/b", b"two")
+            incr = (await rig.points.write_point()).name
+        async with Rig(target, tmp_path, retention=Retention()) as again:  # a new sidecar: known from a listing
+            async for info in again.store.list(".checkpoints/"):
+                again.known.stored(info.key, info)
+            assert await again.points.write_point() is None  # the stored chain already holds this tree
+            await again.put("r/a", b"three")
+            w = await again.points.write_point()
+            assert (w.name.kind, w.name.base, w.files) == (INCR, full.seq, 1) and w.name.seq > incr.seq
+            assert again.points.chain is not None and again.points.chain.incrs == 2
+
+    anyio.run(go)
+
+
+def test_the_drains_point_extends_the_chain_even_when_a_full_one_is_due(target, tmp_path):
+    async def go():
+        async with Rig(target, tmp_path, retention=Retention()) as rig:
+            await rig.put("r/a", b"one")
+            full = (await rig.points.write_point()).name
+            await rig.put("r/a", b"two" * 10_000)  # more than the full point: a full one is due
+            w = await rig.points.final()
+            assert (w.name.kind, w.name.base) == (INCR, full.seq)
+            await rig.put("r/a", b"three" * 10_000)
+            assert (await rig.points.write_point()).name.kind == FULL  # the next one compacts
+
+    anyio.run(go)
