@@ -1,4 +1,4 @@
-"""Command line: ``checkpoint-sidecar {restore,sync,run,status,probe,release,sessions,prune}``.
+"""Command line: ``checkpoint-sidecar {restore,sync,run,status,probe,release,sessions,prune,history}``.
 
 Parses the flags, reads one validated :class:`~sidecar.config.Settings` (environment + flags) and
 hands it to the command: :mod:`sidecar.lifecycle` runs ``restore``, ``sync`` and ``run`` (what
@@ -30,7 +30,8 @@ from sidecar.errors import EXIT_CODES_HELP, EXIT_CONFIG, StoreConfigError, fail,
 COMMAND_SETTINGS = command_settings()
 
 _EPILOG = {
-    "restore": "0 once the state is back on disk (or nothing was stored); 1 when the store cannot be read",
+    "restore": "0 once the state is back on disk (or nothing was stored); 1 when the store cannot be read; "
+               "--as-of: 1 when no restore point is at or before TIME, or a root holds files (without --force-restore)",
     "sync": "75 when stopped with changes still pending (not flushed within SIDECAR_DRAIN_TIMEOUT)",
     "run": "the child's own exit code (128+N for signal N); 1 if the restore failed (CMD never starts), "
            "127/126 if CMD cannot start; 75 when a newer sidecar fenced it (CMD is stopped: SIGTERM, then SIGKILL "
@@ -42,6 +43,7 @@ _EPILOG = {
     "prune": "0 done (also when nothing was eligible); 1 the store cannot be listed, or the push to --pushgateway "
              "failed; 2 bad usage or configuration; 3 some eligible namespaces could not be pruned (the others were: "
              "run it again)",
+    "history": "0 once listed (none is fine); 1 when the store cannot be read",
 }
 _ENV_NOTE = ("Every flag is also the environment variable named in its help (flags win); variables of "
              "settings a command does not use are accepted and ignored.")
@@ -130,6 +132,16 @@ def _timeout(text: str) -> float:
     return value
 
 
+def _as_of(text: str) -> tuple[float | None, float | None]:
+    """``restore --as-of``: an RFC 3339 time with its offset, or a duration ago."""
+    from sidecar.configtypes import parse_time_or_age
+
+    try:
+        return parse_time_or_age(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def build_parser(only: str | None = None) -> _Parser:
     """The command line: one subparser per command, each with only the flags it uses. ``only``:
     the one command whose setting flags are added (the command being run: the other
@@ -151,7 +163,9 @@ def build_parser(only: str | None = None) -> _Parser:
         parser.commands[command] = p
         return p
 
-    add("restore", "one-shot restore (init containers)")
+    add("restore", "one-shot restore (init containers)").add_argument(
+        "--as-of", type=_as_of, metavar="TIME", help="fill the roots with the namespace as it was at TIME (RFC 3339 "
+        "with offset, or a duration ago such as 2h, on the store's clock): the newest restore point at or before it")
     add("sync", "restore, then mirror every change until SIGTERM (sidecar)")
     run = add("run", "restore, mirror, and run CMD as a child (entrypoint wrapper)",
               usage="checkpoint-sidecar run [options] -- CMD [ARGS...]")
@@ -164,6 +178,8 @@ def build_parser(only: str | None = None) -> _Parser:
     add("release", "hand the namespace over: its owner marker then names no identity, so a sidecar of any "
                    "identity may claim it (an owner still running is fenced); instead of deleting the marker")
     _add_namespace_commands(add)
+    add("history", "the namespace's restore points, newest first: time (store clock), kind, files, bytes, seq").add_argument(
+        "--json", action="store_true", help="one JSON object per line")
     return parser
 
 
@@ -271,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
             return fail("run needs a command: checkpoint-sidecar run [options] -- CMD [ARGS...]", EXIT_CONFIG)
     try:
         if args.command == "restore":
-            return _arun(lifecycle.restore, settings, roots)
+            return _arun(lifecycle.restore, settings, roots, args.as_of)
         if args.command == "sync":
             return _arun(lifecycle.sync, settings, roots)
         if args.command == "run":
@@ -290,6 +306,10 @@ def main(argv: list[str] | None = None) -> int:
             from sidecar import prune
 
             return _arun(prune.command, settings, args.older_than, args.live_within, args.dry_run, args.pushgateway)
+        if args.command == "history":
+            from sidecar import history
+
+            return _arun(history.command, settings, args.json)
         if args.command == "probe":
             from sidecar.http import probe
 

@@ -140,13 +140,16 @@ class _Environment(EnvSettingsSource):
 #: The commands that mirror take every setting; each of the others takes the settings whose field
 #: names it (:func:`_uses`): its flags, and what it applies.
 MIRRORING_COMMANDS = ("sync", "run")
-ONE_SHOT_COMMANDS = ("restore", "status", "probe", "release", "sessions", "prune")
+ONE_SHOT_COMMANDS = ("restore", "status", "probe", "release", "sessions", "prune", "history")
+#: Commands that take exactly the settings of another: history reads what release reads (the store, the namespace).
+SAME_SETTINGS = {"history": "release"}
 
 
 def _uses(*commands: str, default: str | None = None) -> dict[str, Any]:
     """``json_schema_extra``: the one-shot commands that use the setting (besides sync and run), and
     a computed default named the way the help and docs/CONFIGURATION.md show it."""
     assert set(commands) <= set(ONE_SHOT_COMMANDS), commands
+    commands += tuple(c for c, like in SAME_SETTINGS.items() if like in commands and c not in commands)
     return {"commands": commands} | ({"doc_default": default} if default is not None else {})
 
 

@@ -306,14 +306,18 @@ async def run(settings: Settings, roots: list[Root], cmd: list[str], shutdown: S
     return await Lifecycle(settings, roots, cmd=cmd, shutdown=shutdown).main()
 
 
-async def restore(settings: Settings, roots: list[Root]) -> int:
+async def restore(settings: Settings, roots: list[Root], as_of: tuple[float | None, float | None] | None = None) -> int:
     """``checkpoint-sidecar restore``: the restore step alone, then a hint when the state is where
     a release without namespaces kept it. Reads only: the store is claimed by a mirror, never here.
-    Exit 0 once the state is on disk (or nothing was stored), 1 or 2 as :func:`prepare` says."""
+    Exit 0 once the state is on disk (or nothing was stored), 1 or 2 as :func:`prepare` says.
+    ``as_of`` (``--as-of``: a store time, or seconds ago): the namespace as it was then, from its
+    restore points (:func:`restore_as_of`)."""
     from sidecar.daemon import Daemon
 
     store = open_store(settings, read_only=True, roots=roots)  # a missing store (or container) is not created
     try:
+        if as_of is not None:
+            return await restore_as_of(settings, roots, store, *as_of)
         daemon = Daemon(settings, roots, store)
         daemon.takes_over = False  # reads only (a prune deleting the namespace is still waited for)
         code = await prepare(daemon, settings)
@@ -322,6 +326,47 @@ async def restore(settings: Settings, roots: list[Root]) -> int:
         return EXIT_OK if code is None else code
     finally:
         await store.aclose()
+
+
+async def restore_as_of(settings: Settings, roots: list[Root], store: Store, when: float | None,
+                        ago: float | None) -> int:
+    """``restore --as-of``: fill the roots with the namespace as it was at ``when`` (or ``ago``
+    seconds before the store's now) from its restore points (:mod:`sidecar.pointrestore`). Reads
+    only: neither claims the namespace nor writes to the store. Exit 0 once filled; 1 when no point
+    is at or before the time, a root holds files (without ``--force-restore``), a point is
+    unreadable or the store cannot be read; 2 for another identity's namespace."""
+    import time
+    from functools import partial
+
+    from sidecar.fence import IdentityConflict, take_for_restore
+    from sidecar.paths import IgnoreRules
+    from sidecar.pointrestore import AsOfError, rfc3339
+    from sidecar.pointrestore import restore_as_of as fill
+    from sidecar.restorer import lineage_of
+    from sidecar.retry import retry_transient
+    from sidecar.store.base import StoreError
+
+    ns = settings.namespace
+    deadline = time.monotonic() + 10.0
+    try:
+        await retry_transient(store.open, "open", deadline)
+        # (a prune deleting the namespace is waited for; nothing is written: take=False)
+        taken = await retry_transient(partial(take_for_restore, store, ns.identity, ns.path, take=False),
+                                      "read the owner marker", deadline)
+        done = await fill(store, roots, when, ago, force=settings.restore == "force",
+                          lineage=lineage_of(store, ns.path, taken.generation), ignore=IgnoreRules(settings.ignore),
+                          deadline=deadline)
+    except IdentityConflict as e:
+        return fail(f"refusing to restore: {e}", EXIT_CONFIG)
+    except AsOfError as e:
+        return fail(f"restore --as-of failed: {e}")
+    except StoreError as e:
+        return fail(f"restore --as-of failed: cannot read the store: {e}")
+    log.info("restore_as_of_done", point=done.point.key, point_time=rfc3339(done.time), files=done.files,
+             bytes=done.bytes, refused=done.refused)
+    print(f"checkpoint-sidecar: restored {done.files} files ({done.bytes} bytes) as of the restore point of "
+          f"{rfc3339(done.time)} (seq {done.point.seq})")
+    return EXIT_OK
 
 
 async def release(settings: Settings, roots: list[Root]) -> int:

@@ -5,12 +5,14 @@ what is recorded on disk afterwards. Pure; the rule per root is :func:`sidecar.p
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 from enum import Enum
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Mapping, Protocol, Sequence, TypeVar
 
 from sidecar.plan import RootDecision, decide_restore
 from sidecar.restorefs import Lineage
+from sidecar.store.base import ObjectInfo, ObjectMeta
 
 
 @dataclass(frozen=True)
@@ -140,3 +142,85 @@ def plan_finish(decisions: Sequence[RootDecision], disk: Mapping[str, Disk], can
         cleared=[n for n in order if n in candidates and n not in started and disk[n].cut_short],
         recorded=[d.name for d in decisions if d.owned and not disk[d.name].held and d.name not in started],
     )
+
+
+# -- restore points (docs/RESTORE.md, "Restoring from a point") ----------------------------------
+
+
+class PointEntry(Protocol):
+    """What the restore reads of one entry of a restore point's header (``sidecar.points.PointEntry``):
+    its key, and the file's metadata (None: deleted since the point before)."""
+
+    @property
+    def key(self) -> str: ...
+    @property
+    def meta(self) -> ObjectMeta | None: ...
+
+
+_E = TypeVar("_E", bound=PointEntry)
+
+
+def chain_tree(headers: Iterable[Iterable[_E]]) -> dict[str, tuple[int, _E]]:
+    """The tree a chain of points gives (``headers``: each point's entries, the full point first,
+    then its incrementals in seq order): key -> (index of the point whose member holds its bytes,
+    its entry). A later point's entry replaces an earlier one; a deletion removes the key."""
+    tree: dict[str, tuple[int, _E]] = {}
+    for i, entries in enumerate(headers):
+        for e in entries:
+            if e.meta is None:
+                tree.pop(e.key, None)
+            else:
+                tree[e.key] = (i, e)
+    return tree
+
+
+def from_point(listed: ObjectInfo, entry: PointEntry | None, *, merging: bool, max_file_size: int) -> bool:
+    """Whether a listed object of a root being filled is restored from the point that holds
+    ``entry`` (its key's entry in the chain's tree; None: the chain has no such key) rather than
+    from its own object: the same version, size and sha256 (so the same bytes), a sha256 known,
+    and nothing else to decide (a merged root's files are compared with the disk one by one, a
+    file above ``max_file_size`` is refused: both stay on the per-file path)."""
+    m = None if entry is None else entry.meta
+    return (m is not None and not merging and listed.sha256 is not None and listed.size <= max_file_size
+            and (listed.version, listed.size, listed.sha256) == (m.version, m.size, m.sha256))
+
+
+def holding_point(version: int, seqs: Sequence[int]) -> int | None:
+    """The point of a chain (``seqs``: its increments' seqs, ascending) that should hold a per-file
+    object stored at ``version``: the first written after it (a point's seq is a version the
+    writer reserved once the store held its files). None when every point is older. Only a hint:
+    its entry must still match the listed object (:func:`from_point`)."""
+    i = bisect.bisect_right(seqs, version)
+    return seqs[i] if i < len(seqs) else None
+
+
+def plan_point_sources(listed: Iterable[ObjectInfo], tree: Mapping[str, tuple[int, PointEntry]], *,
+                       merging: frozenset[str] = frozenset(),
+                       max_file_size: int = 2**63) -> tuple[dict[int, list[str]], list[str]]:
+    """For the listed objects (the latest state): the keys taken from each point of the chain (by
+    its index) and those fetched from their objects, in the listing's order (:func:`from_point`).
+    Keys the tree has but the listing has not are in neither: deleted after the point."""
+    points: dict[int, list[str]] = {}
+    objects: list[str] = []
+    for info in listed:
+        held = tree.get(info.key)
+        if held is not None and from_point(info, held[1], merging=info.key.split("/", 1)[0] in merging,
+                                           max_file_size=max_file_size):
+            points.setdefault(held[0], []).append(info.key)
+        else:
+            objects.append(info.key)
+    return points, objects
+
+
+def as_of_refused(has_files: Mapping[str, bool], force: bool) -> list[str]:
+    """The roots an as-of restore may not fill: those holding regular files, unless forced."""
+    return [] if force else [name for name, files in has_files.items() if files]
+
+
+def as_of_time(when: float | None, ago: float | None, store_now: float | None) -> float | None:
+    """The moment ``restore --as-of`` means, on the store's clock: ``when`` as given, or ``ago``
+    seconds before ``store_now`` (None when the store's time is not known)."""
+    if when is not None:
+        return when
+    assert ago is not None
+    return None if store_now is None else store_now - ago

@@ -21,7 +21,6 @@ import contextlib
 import errno
 import math
 import re
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Iterable, Sequence
@@ -36,6 +35,7 @@ from sidecar.listing import Listing
 from sidecar.localfs import STREAM_MIN, ByteBudget, UnsafeTarget, body_bytes, has_regular_files, local_matches
 from sidecar.paths import IgnoreRules, Root, UnsafeKey, split_key
 from sidecar.plan import RootDecision, ShapeConflicts
+from sidecar.pointrestore import PointFeed
 from sidecar.restorefs import (
     ChecksumMismatch,
     Lineage,
@@ -63,9 +63,10 @@ from sidecar.restoreplan import (
     plan_finish,
     stored_counts,
 )
+from sidecar.restoreprogress import Progress, flush_as_it_fills
 from sidecar.retry import retry_transient
 from sidecar.snapshot import BundleError, Change, close_stream, open_bundle
-from sidecar.store.base import NotFound, ObjectInfo, Store, StoreError
+from sidecar.store.base import NotFound, ObjectInfo, ObjectMeta, Store, StoreError
 
 GENERATED_NAME = re.compile(rb"WorkflowBuilder-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
@@ -83,9 +84,6 @@ def generated_name(data: bytes) -> str | None:
     return None
 
 
-PROGRESS_EVERY = 2.0
-
-
 class RestoreError(Exception):
     """Restore cannot bring the state back; the host must not start."""
 
@@ -95,25 +93,6 @@ UNVERIFIED_SHOWN = 20
 #: Restored files up to this size are written on the event loop, where that costs less than a
 #: hand-off to a worker thread and back; larger ones in a worker thread.
 INLINE_WRITE_MAX = 256 * 1024
-
-#: A large restore flushes what it has written so far in the background, each time this much more
-#: has been written, so that the final flush (before the host may start) has little left to do.
-FLUSH_EVERY_BYTES = 16 * 1024 * 1024
-
-
-async def _flush_as_it_fills(progress: "_Progress", started: dict[str, Root]) -> None:
-    """Flush the roots being filled in a worker thread whenever another FLUSH_EVERY_BYTES have
-    been written, until cancelled when the downloads end: the disk writes while the network
-    transfers, and the final flush has little left to do."""
-    flushed = 0
-    while True:
-        if progress.bytes - flushed >= FLUSH_EVERY_BYTES:
-            flushed = progress.bytes
-            for root in list(started.values()):
-                await anyio.to_thread.run_sync(syncfs, root.path)
-        else:
-            await anyio.sleep(0.02)
-
 
 @dataclass
 class RestoreResult:
@@ -129,60 +108,13 @@ class RestoreResult:
     replaced: list[str] = field(default_factory=list)
     #: merged roots' local files that already held their stored bytes: left as they were
     in_place: int = 0
+    #: files placed from restore points (the rest of those restored came from their own objects)
+    from_points: int = 0
     #: roots that are this namespace's but do not exist yet: recorded before their first upload
     unrecorded: set[str] = field(default_factory=set)
 
     def restored_roots(self) -> set[str]:
         return {d.name for d in self.decisions if d.restore}
-
-
-class _Progress:
-    """Files and bytes restored out of those listed so far (the listing is still growing while
-    the first files land)."""
-
-    def __init__(self) -> None:
-        self.total_files = self.total_bytes = 0
-        self.files = self.bytes = 0
-        self.tty = sys.stderr.isatty()
-        self.drawn = False
-        self.last = time.monotonic()
-
-    def expect(self, size: int) -> None:
-        self.total_files += 1
-        self.total_bytes += size
-
-    def forget(self, size: int) -> None:
-        """A listed file that will not be restored after all (its bundle replaced or deleted it)."""
-        self.total_files -= 1
-        self.total_bytes -= size
-
-    def add(self, n: int) -> None:
-        self.files += 1
-        self.bytes += n
-        now = time.monotonic()
-        if self.tty:
-            if now - self.last > 0.1:
-                self.last = now
-                self._draw()
-        elif now - self.last > PROGRESS_EVERY:
-            self.last = now
-            log.info("restore_progress", files=self.files, total_files=self.total_files,
-                     bytes=self.bytes, total_bytes=self.total_bytes)
-
-    def _draw(self) -> None:
-        frac = self.bytes / self.total_bytes if self.total_bytes else 1.0
-        bar = "#" * int(frac * 30)
-        sys.stderr.write(
-            f"\rrestoring [{bar:<30}] {self.files}/{self.total_files} files "
-            f"{self.bytes / 1048576:.1f}/{self.total_bytes / 1048576:.1f} MiB"
-        )
-        sys.stderr.flush()
-        self.drawn = True
-
-    def finish(self) -> None:
-        if self.drawn:
-            self._draw()
-            sys.stderr.write("\n")
 
 
 #: A queued file: its root, and what the listing says of it.
@@ -215,10 +147,11 @@ class _Restore:
         self.bundle_changes: dict[str, list[Change]] = {}  # their headers, as first read
         self.bundle_versions: dict[str, int] = {}  # and the bundle objects' versions
         self.listed = anyio.Event()  # the listing has ended: every key's listed version is known
-        self.progress = _Progress()
+        self.progress = Progress()
         self.dirs = OpenDirs()  # for the files written here on the event loop, not in threads
         self.bodies = ByteBudget()  # the downloads' bytes in memory
         self.send, self.receive = anyio.create_memory_object_stream[_Item](math.inf)
+        self.points = PointFeed(store, merging, max_file_size)
 
     def _queue(self, root: Root, info: ObjectInfo) -> None:
         self._start(root)
@@ -242,6 +175,8 @@ class _Restore:
             self.listing = self._new_listing()  # a retried listing starts over; queued keys are not queued twice
             async for info in self.store.list():
                 self.listing.add(info, self.by_name)
+                if not self.points.known.is_set():  # which files the restore points give
+                    await self.points.known.wait()
                 self._offer(self.listing.settled())
             self._offer(self.listing.settled(end=True))
 
@@ -260,7 +195,31 @@ class _Restore:
         for info in infos:
             name = info.key.split("/", 1)[0]
             if name in self.candidates and info.key not in self.queued:
-                self._queue(self.candidates[name], info)
+                if self.points.take(self.candidates[name], info):
+                    self.queued.add(info.key)  # placed from its restore point once the listing has ended
+                else:
+                    self._queue(self.candidates[name], info)
+
+    async def from_points(self, deadline: float) -> None:
+        """Open the restore points while the store is listed, then place the files taken from them
+        (:mod:`sidecar.pointrestore`); those they did not place are fetched from their objects."""
+        if not self.candidates:
+            self.points.known.set()
+            return
+        try:
+            await self.points.prepare(deadline)
+            await self.listed.wait()
+            for root, info in await self.points.place(self._place_from_point):
+                self._queue(root, info)
+        finally:
+            await self.points.close()  # (a restore failing meanwhile leaves none open)
+        self.result.from_points = self.points.placed
+
+    async def _place_from_point(self, root: Root, info: ObjectInfo, body: AsyncIterator[bytes]) -> None:
+        await self.overlay_known[root.name].wait()
+        if not self._bundle_wins(root.name, info.key, info):  # else the bundle decides it
+            meta = ObjectMeta(info.size, info.sha256 or "", info.mtime_ns, info.mode, info.version)
+            await self._place_bundled(root, Change(info.key, None, meta), body)
 
     async def overlay(self, root: Root, deadline: float) -> None:
         """Read the root's bundle, if a snapshot commit was cut short: it holds the newer state of
@@ -539,7 +498,7 @@ async def restore(
     run = _Restore(store, roots, candidates, result, on_corrupt, max_file_size, plan.merging)
     try:
         async with anyio.create_task_group() as flushing:
-            flushing.start_soon(_flush_as_it_fills, run.progress, run.started)
+            flushing.start_soon(flush_as_it_fills, run.progress, run.started)
             async with anyio.create_task_group() as workers:
                 for _ in range(concurrency):
                     workers.start_soon(run.work, run.receive.clone())
@@ -549,6 +508,7 @@ async def restore(
                         for root in candidates.values():  # first: their requests go out before the listing's next page
                             feeders.start_soon(run.overlay, root, deadline)
                         feeders.start_soon(run.list, deadline)
+                        feeders.start_soon(run.from_points, deadline)
                     for name in commits_begun_meanwhile(candidates, run.listing.bundles, run.bundles_read):
                         raise RestoreError(
                             f"a snapshot commit of {candidates[name].path} began in {store.description} while "
@@ -626,7 +586,8 @@ def _report(result: RestoreResult, merged: bool) -> None:
                 "Fix: WorkflowBuilder(name=\"my-workflow\", ...)"
             ),
         )
-    log.info("restore_done", files=result.files, bytes=result.bytes, seconds=round(result.seconds, 3),
+    log.info("restore_done", files=result.files, from_points=result.from_points, bytes=result.bytes,
+             seconds=round(result.seconds, 3),
              refused=len(result.refused), quarantined=len(result.quarantined), unverified=result.unverified,
              **({"replaced": len(result.replaced), "in_place": result.in_place} if merged else {}))
 

@@ -95,3 +95,77 @@ def test_the_markers_generation_is_its_stamps_high_bits_or_its_stored_versions()
     assert marker_generation({"generation": stamp, "_stored_version": stamp}) == 2
     assert marker_generation({"_stored_version": stamp, "_unreadable": "not a JSON object"}) == 2
     assert marker_generation({"generation": "garbled"}) == 0
+
+
+# -- restore points ------------------------------------------------------------------------------
+
+from dataclasses import dataclass  # noqa: E402
+
+from sidecar.restoreplan import as_of_refused, as_of_time, chain_tree, from_point, plan_point_sources  # noqa: E402
+from sidecar.store.base import ObjectInfo, ObjectMeta  # noqa: E402
+
+
+@dataclass(frozen=True)
+class E:
+    key: str
+    sha256: str = "aa"
+    version: int = 1
+    size: int = 3
+    deleted: bool = False
+
+    @property
+    def meta(self) -> ObjectMeta | None:
+        return None if self.deleted else ObjectMeta(self.size, self.sha256, 0, 0o600, self.version)
+
+
+def info(key: str, sha256: str | None = "aa", version: int = 1, size: int = 3) -> ObjectInfo:
+    return ObjectInfo(key, size, sha256, 0, 0o600, version=version)
+
+
+def test_a_chains_tree_is_its_full_point_with_each_increment_applied_in_order():
+    full = [E("r/a"), E("r/b"), E("r/c")]
+    incr1 = [E("r/a", "bb", 2), E("r/c", deleted=True), E("r/d")]
+    incr2 = [E("r/d", deleted=True), E("r/c", "cc", 3)]
+    tree = chain_tree([full, incr1, incr2])
+    assert {k: (i, e.meta.sha256, e.meta.version) for k, (i, e) in tree.items()} == {
+        "r/a": (1, "bb", 2), "r/b": (0, "aa", 1), "r/c": (2, "cc", 3)}
+    assert chain_tree([]) == {}
+
+
+def test_a_listed_object_comes_from_the_point_only_with_the_same_version_and_bytes():
+    e = E("r/a")
+    assert from_point(info("r/a"), e, merging=False, max_file_size=10)
+    assert not from_point(info("r/a", version=2), e, merging=False, max_file_size=10)  # rewritten after the point
+    assert not from_point(info("r/a", sha256="bb"), e, merging=False, max_file_size=10)
+    assert not from_point(info("r/a", sha256=None), e, merging=False, max_file_size=10)  # unverifiable
+    assert not from_point(info("r/a", size=4), E("r/a", size=4), merging=False, max_file_size=3)  # refused as too large
+    assert not from_point(info("r/a"), e, merging=True, max_file_size=10)  # merged: compared with the disk per file
+    assert not from_point(info("r/a"), None, merging=False, max_file_size=10)  # written after the point
+
+
+def test_point_sources_split_the_listing_and_never_resurrect_a_deleted_key():
+    tree = chain_tree([[E("r/a"), E("r/b"), E("r/gone"), E("m/x")], [E("r/b", "bb", 2)]])
+    listed = [info("r/a"), info("r/b", "bb", 2), info("r/new"), info("r/a2"), info("m/x")]
+    points, objects = plan_point_sources(listed, tree, merging=frozenset({"m"}))
+    assert points == {0: ["r/a"], 1: ["r/b"]}
+    assert objects == ["r/new", "r/a2", "m/x"]  # "r/gone" is in neither: deleted after the point
+
+
+def test_as_of_fills_empty_roots_only_unless_forced_and_measures_ages_on_the_store_clock():
+    has_files = {"empty": False, "held": True, "cut": True}
+    assert as_of_refused(has_files, force=False) == ["held", "cut"]
+    assert as_of_refused(has_files, force=True) == []
+    assert as_of_time(1000.0, None, None) == 1000.0
+    assert as_of_time(None, 60.0, 5000.0) == 4940.0
+    assert as_of_time(None, 60.0, None) is None
+
+
+def test_the_point_that_should_hold_a_version_is_the_first_written_after_it():
+    from sidecar.restoreplan import holding_point
+
+    seqs = [110, 120, 130]
+    assert holding_point(105, seqs) == 110
+    assert holding_point(110, seqs) == 120  # a point's own seq is never a file's version
+    assert holding_point(125, seqs) == 130
+    assert holding_point(130, seqs) is None and holding_point(500, seqs) is None  # written after the newest
+    assert holding_point(1, []) is None

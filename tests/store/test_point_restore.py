@@ -1,0 +1,208 @@
+"""Restoring from restore points, on both stores (the directory store and Azure Blob on Azurite):
+the fast restore of the latest state, ``restore --as-of``, and points that must never be used.
+Points are written with the writer's own encoder (``sidecar.points``) from the stored objects."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from pathlib import Path
+
+import pytest
+
+from sidecar.paths import Root
+from sidecar.pointrestore import AsOfError, restore_as_of
+from sidecar.restorefs import Lineage, read_lineage
+from sidecar.restorer import restore
+from sidecar.store.base import ObjectMeta
+from tests.pointkit import Counting, after, objects, point_blob, put_blob, write_point
+
+pytestmark = pytest.mark.anyio
+
+ROOT = ".checkpoints"
+
+
+def tree(path: Path) -> dict[str, bytes]:
+    """Every regular file below ``path`` (the sidecar's own records left out), by key."""
+    out = {}
+    for p in sorted(path.rglob("*")):
+        if p.is_file() and not p.name.startswith(".sidecar"):
+            out[f"{ROOT}/{p.relative_to(path)}"] = p.read_bytes()
+    return out
+
+
+async def stored(store) -> dict[str, bytes]:
+    return {k: (await store.get(k))[0] for k in await objects(store)}
+
+
+async def put(store, key: str, data: bytes, version: int) -> None:
+    await store.put(key, data, ObjectMeta.of(data, 1_700_000_000_000_000_000 + version, 0o640, version))
+
+
+async def seed(store, n: int = 20) -> None:
+    for i in range(n):
+        await put(store, f"{ROOT}/d{i % 3}/{i}.json", os.urandom(100 + i), i + 1)
+
+
+def root_in(tmp_path: Path, name: str = "w") -> Root:
+    return Root(ROOT, str(tmp_path / name / ROOT))
+
+
+def warnings(caplog, event: str) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.getMessage() == event]
+
+
+async def test_fast_restore_takes_matching_files_from_the_chain_and_gets_only_the_rest(make_store, tmp_path):
+    store = await make_store()
+    await seed(store)
+    await write_point(store, 100)  # full: the 20 files
+    await put(store, f"{ROOT}/d2/2.json", b"rewritten in the increment", 120)
+    await store.delete(f"{ROOT}/d0/3.json")
+    await write_point(store, 150, [f"{ROOT}/d2/2.json"], base=100, prev=100, deleted=[f"{ROOT}/d0/3.json"])
+    # after the newest point: a rewrite, a delete and a new file
+    await put(store, f"{ROOT}/d0/0.json", b"rewritten after the point", 200)
+    await store.delete(f"{ROOT}/d1/1.json")
+    await put(store, f"{ROOT}/new.json", b"new after the point", 201)
+    latest = await stored(store)
+
+    counting = Counting(store)
+    root = root_in(tmp_path)
+    _, result = await restore(counting, [root])
+    assert tree(Path(root.path)) == latest  # never the deleted d1/1.json, nor d0/3.json
+    assert result.files == len(latest) == 19 and result.from_points == 17
+    assert counting.gets(ROOT) == [f"{ROOT}/d0/0.json", f"{ROOT}/new.json"]  # only what changed after the point
+    assert counting.gets(".sidecar/points/") == [
+        ".sidecar/points/0000000000000000100-full.tar",
+        ".sidecar/points/0000000000000000150-incr-0000000000000000100.tar"]  # each read once
+    assert [k for op, k in counting.calls if op == "list"] == ["", ".sidecar/points/"] or \
+        sorted(k for op, k in counting.calls if op == "list") == ["", ".sidecar/points/"]
+    st = os.stat(Path(root.path) / "d2/5.json")
+    assert (st.st_mtime_ns, st.st_mode & 0o777) == (1_700_000_000_000_000_006, 0o640)  # the listed metadata
+
+
+async def test_a_corrupt_point_falls_back_to_the_objects_with_one_warning(make_store, tmp_path, caplog):
+    store = await make_store()
+    await seed(store)
+    latest = await stored(store)
+    key, blob = await point_blob(store, 100, list(latest))
+    await put_blob(store, key, os.urandom(len(blob)))  # garbage
+    root = root_in(tmp_path, "garbage")
+    _, result = await restore(store, [root])
+    assert tree(Path(root.path)) == latest and result.from_points == 0
+    assert len(warnings(caplog, "restore_point_unusable")) == 1
+
+    caplog.clear()
+    header_end = blob.index(b"\x00", blob.index(b'"entries"'))
+    member = blob.index(latest[f"{ROOT}/d0/9.json"][:32], header_end)
+    bad = blob[:member] + bytes(b ^ 0xFF for b in blob[member:member + 10]) + blob[member + 10:]  # wrong sha
+    await put_blob(store, key, bad)
+    root = root_in(tmp_path, "wrong-sha")
+    _, result = await restore(store, [root])
+    assert tree(Path(root.path)) == latest
+    assert 0 < result.from_points < len(latest)  # the entries before the bad one, each verified
+    assert len(warnings(caplog, "restore_point_unusable")) == 1
+
+
+async def test_a_point_cut_short_is_never_used(make_store, tmp_path, caplog):
+    store = await make_store()
+    await seed(store)
+    latest = await stored(store)
+    key, blob = await point_blob(store, 100, list(latest))
+    for cut in (len(blob) // 2, len(blob) - 1024 - 1):  # in a member, and in the end-of-archive blocks
+        caplog.clear()
+        await put_blob(store, key, blob[:cut])
+        counting = Counting(store)
+        root = root_in(tmp_path, f"cut{cut}")
+        _, result = await restore(counting, [root])
+        assert tree(Path(root.path)) == latest and result.from_points == 0
+        assert len(counting.gets(ROOT)) == len(latest)
+        assert len(warnings(caplog, "restore_point_unusable")) == 1
+
+
+async def test_no_point_restores_as_before(make_store, tmp_path, caplog):
+    store = await make_store()
+    await seed(store, 5)
+    root = root_in(tmp_path)
+    _, result = await restore(store, [root])
+    assert tree(Path(root.path)) == await stored(store) and result.from_points == 0
+    assert not warnings(caplog, "restore_point_unusable")
+
+
+async def test_as_of_gives_exactly_the_tree_of_that_time(make_store, tmp_path):
+    store = await make_store()
+    await seed(store, 6)
+    at_full = await stored(store)
+    full = await write_point(store, 100)
+    await after(store, full.modified)
+    await put(store, f"{ROOT}/d1/1.json", b"rewritten", 110)
+    await store.delete(f"{ROOT}/d2/2.json")
+    await put(store, f"{ROOT}/added.json", b"added", 111)
+    at_incr = await stored(store)
+    incr = await write_point(store, 120, [f"{ROOT}/d1/1.json", f"{ROOT}/added.json"], base=100, prev=100,
+                             deleted=[f"{ROOT}/d2/2.json"])
+    await after(store, incr.modified)
+    # later rewrites and deletes, and a point of them: not in either tree
+    await put(store, f"{ROOT}/d0/0.json", b"damaged", 130)
+    await store.delete(f"{ROOT}/added.json")
+    await write_point(store, 140, [f"{ROOT}/d0/0.json"], base=100, prev=120, deleted=[f"{ROOT}/added.json"])
+    lineage = Lineage(store.description, "", 0)
+
+    for when, expected in ((full.modified, at_full), (incr.modified, at_incr)):
+        root = root_in(tmp_path, f"asof{when}")
+        done = await restore_as_of(store, [root], when, None, force=False, lineage=lineage)
+        assert tree(Path(root.path)) == expected
+        assert done.files == len(expected)
+        assert read_lineage(root) == lineage  # this namespace's disk from now on
+        assert not (Path(root.path) / ".sidecar-restoring").exists()
+
+    with pytest.raises(AsOfError, match=r"no restore point at or before .*\(the oldest is at "):
+        await restore_as_of(store, [root_in(tmp_path, "early")], full.modified - 3600, None, force=False,
+                            lineage=lineage)
+    held = root_in(tmp_path, "held")
+    Path(held.path).mkdir(parents=True)
+    (Path(held.path) / "mine.json").write_bytes(b"local")
+    with pytest.raises(AsOfError, match="hold files"):
+        await restore_as_of(store, [held], incr.modified, None, force=False, lineage=lineage)
+    done = await restore_as_of(store, [held], incr.modified, None, force=True, lineage=lineage)
+    assert tree(Path(held.path)) == {**at_incr, f"{ROOT}/mine.json": b"local"}
+    # a duration ago, on the store's clock: 0s is now, the newest point
+    root = root_in(tmp_path, "now")
+    await restore_as_of(store, [root], None, 0.0, force=False, lineage=lineage)
+    assert hashlib.sha256(tree(Path(root.path))[f"{ROOT}/d0/0.json"]).digest() == hashlib.sha256(b"damaged").digest()
+
+
+async def test_as_of_never_uses_a_point_cut_short(make_store, tmp_path, caplog):
+    store = await make_store()
+    await seed(store, 4)
+    at_full = await stored(store)
+    full = await write_point(store, 100)
+    await after(store, full.modified)
+    await put(store, f"{ROOT}/d0/0.json", b"rewritten", 110)
+    key, blob = await point_blob(store, 120, [f"{ROOT}/d0/0.json"], base=100, prev=100)
+    incr = await put_blob(store, key, blob[: len(blob) // 2])
+    root = root_in(tmp_path)
+    await restore_as_of(store, [root], incr.modified, None, force=False, lineage=Lineage(store.description, ""))
+    assert tree(Path(root.path)) == at_full  # the newest usable point at or before the time
+    assert len(warnings(caplog, "restore_point_unusable")) == 1
+
+
+async def test_a_long_chain_reads_only_the_increments_that_hold_listed_files(make_store, tmp_path):
+    store = await make_store()
+    await seed(store, 5)
+    await write_point(store, 100)
+    early, churn = f"{ROOT}/d1/1.json", f"{ROOT}/churn.json"
+    for n in range(10):  # ten increments: the first rewrites ``early``; the 2nd, 3rd and last ``churn``
+        key = early if n == 0 else churn if n in (1, 2, 9) else f"{ROOT}/later/{n}.json"
+        await put(store, key, f"increment {n}".encode(), 1000 + 10 * n)
+        await write_point(store, 1005 + 10 * n, [key], base=100, prev=100 if n == 0 else 995 + 10 * n)
+    await store.delete(f"{ROOT}/later/5.json")  # deleted after its point: gone for good
+    latest = await stored(store)
+    counting = Counting(store)
+    root = root_in(tmp_path)
+    _, result = await restore(counting, [root])
+    assert tree(Path(root.path)) == latest
+    assert result.from_points == len(latest) and counting.gets(ROOT) == []
+    read = [int(k.rsplit("/", 1)[1].split("-", 1)[0]) for k in counting.gets(".sidecar/points/")]
+    # the full, the 7 newest increments, and the first (the only older one that holds a listed file)
+    assert read == [100, 1005, *range(1035, 1100, 10)]
