@@ -92,12 +92,21 @@ def line(r: Result, prefix: str) -> str:
 async def command(settings: Settings, older_than: float, live_within: float, dry_run: bool,
                   pushgateway: str | None) -> int:
     """Prune (see the module docstring); the exit code."""
+    if pushgateway and (why := _bad_gateway(pushgateway)):
+        return fail(f"--pushgateway {log.redact(_without_userinfo(pushgateway))}: {why}", EXIT_CONFIG)
     top = open_store(settings, read_only=True)
     prefix = settings.namespace.path
     tally = Tally(dry_run)
     try:
         await top.open()
+        if (owner := await _enclosing_namespace(settings, prefix)) is not None:
+            return fail(f"SIDECAR_PREFIX {log.printable(prefix)!r} lies inside the namespace {log.printable(owner)!r} "
+                        f"(it has an owner marker): prune the namespaces under a prefix that holds them, never "
+                        f"inside one", EXIT_CONFIG)
         clock = await StoreClock.of(top)
+        if getattr(top, "clock_is_local", False) and not dry_run:
+            return fail(f"cannot read the clock of {top.description} (no file can be made there): prune judges "
+                        "ages by the store's clock only; run it with write access to the store")
         pruner = Pruner(partial(_store_for, settings, prefix), clock.now, settings.fence_window,
                         settings.fence_margin, older_than, live_within, dry_run)
         await _run(top, pruner, clock, tally, prefix)
@@ -111,8 +120,54 @@ async def command(settings: Settings, older_than: float, live_within: float, dry
         try:
             await anyio.to_thread.run_sync(push, pushgateway, tally, code == EXIT_OK and not dry_run)
         except Exception as e:  # the gateway's answer or the connection: one line
-            return fail(f"cannot push the prune's gauges to {log.redact(pushgateway)}: {type(e).__name__}: {e}")
+            return fail(f"cannot push the prune's gauges to {log.redact(_without_userinfo(pushgateway))}: "
+                        f"{type(e).__name__}: {log.redact(_without_userinfo(str(e)))}")
     return code
+
+
+def _without_userinfo(text: str) -> str:
+    """``text`` with the user name and password of any URL in it replaced by ``***``."""
+    import re
+
+    return re.sub(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/@\s]*@", r"\1***@", text)
+
+
+def _bad_gateway(url: str) -> str | None:
+    """Why ``--pushgateway`` cannot be used (checked before anything is pruned); None when it can."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url if "://" in url else f"http://{url}")
+        parts.port  # noqa: B018 (raises on a bad port)
+    except ValueError as e:
+        return f"not a URL ({e})"
+    if parts.scheme not in ("http", "https") or not parts.hostname or " " in url:
+        return "not an http(s) URL with a host, e.g. http://pushgateway:9091"
+    return None
+
+
+async def _enclosing_namespace(settings: Settings, prefix: str) -> str | None:
+    """The namespace ``prefix`` lies strictly inside (a prefix above it holds an owner marker),
+    None when there is none: pruning inside a namespace would delete a live sidecar's files."""
+    from sidecar.fence import OWNER_KEY
+    from sidecar.store import make_store
+    from sidecar.store.base import NotFound
+
+    parts = [p for p in prefix.split("/") if p]
+    if not parts:
+        return None
+    root = make_store(settings.store_url, "", read_only=True, concurrency=1)
+    try:
+        for n in range(len(parts)):  # the top of the store, then each folder above the prefix
+            above = "/".join(parts[:n])
+            try:
+                await root.get(f"{above}/{OWNER_KEY}" if above else OWNER_KEY)
+            except NotFound:
+                continue
+            return above or "(top of the store)"
+        return None
+    finally:
+        await root.aclose()
 
 
 def _store_for(settings: Settings, prefix: str, namespace: str) -> Store:

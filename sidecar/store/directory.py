@@ -575,6 +575,7 @@ class DirectoryStore:
         try:
             return await self._run(lambda: _clock_at(self._ns(), close=True))
         except StoreError as e:  # a read-only or missing store: no temp file can be made there
+            self.clock_is_local = True  # prune refuses to judge ages by it (sidecar.prune)
             if _CLOCK_TOLD.first(self.top):
                 log.warning("store_clock_local", store=self.top, error=str(e),
                             detail="the store's clock cannot be read (no file can be made there): this machine's is used")

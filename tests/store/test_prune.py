@@ -251,3 +251,29 @@ async def test_prune_pushes_its_gauges(make_store, store_place, tmp_path):
     assert "checkpoint_sidecar_prune_eligible_namespaces 1.0" in text
     assert "checkpoint_sidecar_prune_pruned_namespaces 1.0" in text
     assert "checkpoint_sidecar_prune_last_success_timestamp_seconds " in text
+
+
+async def test_prune_refuses_a_prefix_inside_a_namespace(make_store, store_place, tmp_path):
+    store = await make_store("live1")
+    data = b"paused workflow"
+    await store.put("state/c.json", data, ObjectMeta.of(data, 1, 0o600, version=1))  # a root named without a dot
+    await put_marker(store, "live1", heartbeat=time.time(), interval=900)
+    before = await keys_below(make_store, "live1")
+    r = await anyio.to_thread.run_sync(lambda: run_cli("prune", "--older-than", "0s", cwd=tmp_path,
+                                                       env=cli_env(store_place, SIDECAR_PREFIX="live1/state")))
+    assert r.returncode == 2, r.stderr
+    assert "inside the namespace 'live1'" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert await keys_below(make_store, "live1") == before
+
+
+async def test_a_bad_pushgateway_is_refused_before_anything_is_pruned(make_store, store_place, tmp_path):
+    store = await make_store("s1")
+    await seed(store, "s1", points=0)
+    await put_marker(store, "s1", heartbeat=0, interval=900)
+    before = await keys_below(make_store, "s1")
+    r = await anyio.to_thread.run_sync(lambda: run_cli("prune", "--older-than", "0s", "--pushgateway",
+                                                       "ftp://ops:HUNTER2-SECRET@127.0.0.1:1/", cwd=tmp_path,
+                                                       env=cli_env(store_place)))
+    assert r.returncode == 2, r.stderr
+    assert "HUNTER2" not in r.stderr + r.stdout
+    assert await keys_below(make_store, "s1") == before
