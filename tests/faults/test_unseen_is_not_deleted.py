@@ -158,7 +158,8 @@ def test_a_path_too_long_for_any_store_is_reported(tmp_path):
 
 
 def test_a_corrupt_object_fails_the_restore_unless_skipped(tmp_path):
-    env = sidecar_env(SIDECAR_STORE=str(tmp_path / "store"))
+    # no restore points: the rotten per-file object is the only copy (a point would restore it)
+    env = sidecar_env(SIDECAR_STORE=str(tmp_path / "store"), SIDECAR_RESTORE_POINT_INTERVAL="0")
     old = tmp_path / "old"
     old.mkdir()
     mirror(old, env, {"good.json": b"good", "bad.json": b"bits that will rot"})
@@ -189,8 +190,9 @@ def test_a_corrupt_object_fails_the_restore_unless_skipped(tmp_path):
 def test_what_a_restore_refused_stays_stored_across_restarts_on_the_same_disk(tmp_path, why):
     """The sidecar restarts beside the host's disk (a sidecar container restarted, or sync after a
     restore init container): the root holds files now, so nothing is restored, and the object the
-    first restore refused is still not on disk. Its absence is not a deletion then either."""
-    env = sidecar_env(SIDECAR_STORE=str(tmp_path / "store"))
+    first restore refused is still not on disk. Its absence is not a deletion then either. No
+    restore points: the refused per-file object is the only copy."""
+    env = sidecar_env(SIDECAR_STORE=str(tmp_path / "store"), SIDECAR_RESTORE_POINT_INTERVAL="0")
     old = tmp_path / "old"
     old.mkdir()
     mirror(old, env, {"big.bin": b"x" * 5000, "s.json": b"small"})
