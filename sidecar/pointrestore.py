@@ -421,15 +421,8 @@ async def _place_as_of(entry: PointEntry, body: AsyncIterator[bytes], by_name: d
             data = b"".join([chunk async for chunk in body])
             write_restored(root, parts, data, m.mtime_ns, m.mode, m.sha256, dirs)
         else:
-            temp = await anyio.to_thread.run_sync(RestoreTemp, root, parts)
-            try:
-                async for chunk in body:
-                    await anyio.to_thread.run_sync(temp.write, chunk)
-            except BaseException:
-                with anyio.CancelScope(shield=True):
-                    await anyio.to_thread.run_sync(temp.abort)
-                raise
-            await anyio.to_thread.run_sync(temp.finish, m.mtime_ns, m.mode, m.sha256)
+            await write_streamed(root, parts, body, ObjectInfo(entry.key, m.size, m.sha256, m.mtime_ns, m.mode),
+                                 m.sha256)
     except UnsafeTarget as e:
         log.error("restore_refused_target", path=entry.key, reason=str(e))
         result.refused += 1
@@ -444,3 +437,17 @@ async def _place_as_of(entry: PointEntry, body: AsyncIterator[bytes], by_name: d
     result.files += 1
     result.bytes += m.size
 
+
+async def write_streamed(root: Root, parts: list[str], chunks: AsyncIterator[bytes], got: ObjectInfo,
+                         expected: str | None) -> None:
+    """Write a large object as its chunks arrive (each write in a worker thread), then verify and
+    place it (:class:`~sidecar.restorefs.RestoreTemp`); nothing is left behind on failure."""
+    temp = await anyio.to_thread.run_sync(RestoreTemp, root, parts)
+    try:
+        async for chunk in chunks:
+            await anyio.to_thread.run_sync(temp.write, chunk)
+    except BaseException:
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(temp.abort)
+        raise
+    await anyio.to_thread.run_sync(temp.finish, got.mtime_ns, got.mode, expected)

@@ -35,12 +35,11 @@ from sidecar.listing import Listing
 from sidecar.localfs import STREAM_MIN, ByteBudget, UnsafeTarget, body_bytes, has_regular_files, local_matches
 from sidecar.paths import IgnoreRules, Root, UnsafeKey, split_key
 from sidecar.plan import RootDecision, ShapeConflicts
-from sidecar.pointrestore import PointFeed
+from sidecar.pointrestore import PointFeed, write_streamed
 from sidecar.restorefs import (
     ChecksumMismatch,
     Lineage,
     OpenDirs,
-    RestoreTemp,
     clear_restoring,
     mark_restoring,
     read_lineage,
@@ -324,7 +323,7 @@ class _Restore:
                 if name := generated_name(data):
                     self.result.generated_names.add(name)
             else:
-                await _write_streamed(root, parts, body, ObjectInfo(c.key, m.size, m.sha256, m.mtime_ns, m.mode), m.sha256)
+                await write_streamed(root, parts, body, ObjectInfo(c.key, m.size, m.sha256, m.mtime_ns, m.mode), m.sha256)
         except UnsafeTarget as e:
             log.error("restore_refused_target", path=c.key, reason=str(e))
             self.result.refused.append(c.key)
@@ -420,7 +419,7 @@ class _Restore:
                                        "short): restored as stored, unchecked")
             try:
                 if streamed:
-                    await _write_streamed(root, parts, chunks, got, expected)
+                    await write_streamed(root, parts, chunks, got, expected)
                 # Verified, written and renamed: a large file in a worker thread (hashing
                 # 100 MiB in the event loop would stall the other downloads), a small one
                 # right here, where it costs less than the hand-off to a thread and back.
@@ -615,17 +614,3 @@ async def record_lineage(root: Root, lineage: Lineage, result: RestoreResult | N
                     detail="the next start takes this root for a new disk and merges it from the store")
         return False
 
-
-async def _write_streamed(root: Root, parts: list[str], chunks: AsyncIterator[bytes], got: ObjectInfo,
-                         expected: str | None) -> None:
-    """Write a large object as its chunks arrive (each write in a worker thread), then verify and
-    place it (:class:`~sidecar.restorefs.RestoreTemp`); nothing is left behind on failure."""
-    temp = await anyio.to_thread.run_sync(RestoreTemp, root, parts)
-    try:
-        async for chunk in chunks:
-            await anyio.to_thread.run_sync(temp.write, chunk)
-    except BaseException:
-        with anyio.CancelScope(shield=True):
-            await anyio.to_thread.run_sync(temp.abort)
-        raise
-    await anyio.to_thread.run_sync(temp.finish, got.mtime_ns, got.mode, expected)
