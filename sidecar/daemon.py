@@ -446,6 +446,7 @@ class Daemon:
         Returns how many paths were left pending (0: everything durable)."""
         self.health.set(Phase.STOPPING, "shutting down: flushing pending changes")
         t0 = time.monotonic()
+        left: list[str] | None = None
         with anyio.move_on_after(timeout) as scope:
             async with anyio.create_task_group() as tg:
                 if abandon is not None:
@@ -464,8 +465,13 @@ class Daemon:
                 await self.uploader.wait_idle()
                 if self.settings.restore_point_interval > 0:
                     await self._final_point()
+                # What is pending at this last look is what was left: taken before another task
+                # runs, so a watcher event trailing the final rescan (usually its change again)
+                # comes after the drain, like any later write.
+                left = sorted(self.uploader.pending_keys())
                 tg.cancel_scope.cancel()
-        left = sorted(self.uploader.pending_keys())
+        if left is None:  # cut short (timeout, second signal, fenced)
+            left = sorted(self.uploader.pending_keys())
         if not left:
             try:
                 await self.writer.release(max(1.0, timeout - (time.monotonic() - t0)))

@@ -150,8 +150,8 @@ class Writer:
     async def get(self, key: str) -> tuple[bytes, ObjectInfo]:
         return await self._store.get(key)
 
-    async def get_stream(self, key: str) -> tuple[ObjectInfo, AsyncIterator[bytes]]:
-        return await self._store.get_stream(key)
+    async def get_stream(self, key: str, read_ahead: int = 0) -> tuple[ObjectInfo, AsyncIterator[bytes]]:
+        return await self._store.get_stream(key, read_ahead)
 
     def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:
         return self._store.list(prefix)

@@ -39,7 +39,7 @@ are regular files of bounded size reached so (a FIFO or a link to ``/dev/zero`` 
 record that cannot be read leaves its object unverified.
 A store holds a key or a directory of keys at one path, never both: a put replaces a stale object
 standing where its directory goes (``a`` before ``a/b``), or the stale objects below a directory
-standing where it goes. A writer's first put removes the temp files a crash left behind.
+standing where it goes. A writer's first put removes the temp files a crash left in its namespace.
 """
 
 from __future__ import annotations
@@ -48,11 +48,10 @@ import errno
 import fcntl
 import json
 import os
-import shutil
 import stat
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from itertools import islice
 from typing import AsyncIterator, Callable, Generator, Iterator, Mapping, TypeVar
@@ -82,7 +81,10 @@ from sidecar.store.dirfs import (
     TMP_PREFIX,
     _bounded,
     _child_dir,
+    _child_dir_if,
+    _clean_temps_below,
     _clock_at,
+    _files_below,
     _fill,
     _fsync_dir,
     _Link,
@@ -90,9 +92,11 @@ from sidecar.store.dirfs import (
     _lstat_at,
     _meta_name,
     _meta_path,
+    _nearest_dir,
     _open_dir,
     _read_record_at,
     _remove_durably,
+    _rmtree_at,
     _temp_in,
     _unlink_durably,
     _unlink_quietly,
@@ -200,7 +204,8 @@ class DirectoryStore:
     def _clear_way(self, parts: list[str]) -> None:
         """Make sure nothing on the way to the key ``parts`` is a symlink (:class:`_Link`), and
         that no stale object stands in it: a file where a directory goes, or a directory of
-        objects where a file goes (removed with their records)."""
+        objects where a file goes (removed with their records). What a concurrent delete removes
+        meanwhile (the directories it empties) is out of the way: the put makes them again."""
         try:
             fd = self._ns()
         except FileNotFoundError:
@@ -216,46 +221,29 @@ class DirectoryStore:
                     raise _Link(self._where(parts[:i + 1]))
                 if not last and stat.S_ISREG(st.st_mode):  # an object "a" where "a/b" must go
                     self._check_objects(rel, [rel])
-                    os.unlink(part, dir_fd=fd)
-                    _fsync_dir(fd)
-                    _remove_durably(_meta_path(self.top, rel), self.base)
+                    if _unlink_durably(fd, part):  # (else a concurrent delete removed it and its record)
+                        _remove_durably(_meta_path(self.top, rel), self.base)
                     return
                 if last and stat.S_ISDIR(st.st_mode):  # objects "a/..." where "a" must go
-                    sub = _child_dir(fd, part, self._where(parts))
+                    if (sub := _child_dir_if(fd, part, self._where(parts))) is None:
+                        return
                     try:
-                        below = self._files_below(sub, parts)
+                        below = _files_below(sub, parts, self._where)
                     finally:
                         os.close(sub)
                     self._check_objects(rel, below)
-                    shutil.rmtree(part, dir_fd=fd)
+                    _rmtree_at(fd, part)
                     self._remove_record_tree(parts)
                     _fsync_dir(fd)
                     return
                 if last or not stat.S_ISDIR(st.st_mode):
                     return  # (something else in the way: the open that follows names it)
-                nfd = _child_dir(fd, part, self._where(parts[:i + 1]))
+                if (nfd := _child_dir_if(fd, part, self._where(parts[:i + 1]))) is None:
+                    return
                 os.close(fd)
                 fd = nfd
         finally:
             os.close(fd)
-
-    def _files_below(self, dfd: int, parts: list[str]) -> list[str]:
-        """The keys of the files below the directory ``dfd`` (the key path ``parts``); a symlink
-        among them is :class:`_Link` (it is not ours to remove)."""
-        out: list[str] = []
-        for entry in list(os.scandir(dfd)):
-            sub = parts + [entry.name]
-            if entry.is_symlink():
-                raise _Link(self._where(sub))
-            if entry.is_dir(follow_symlinks=False):
-                cfd = _child_dir(dfd, entry.name, self._where(sub))
-                try:
-                    out += self._files_below(cfd, sub)
-                finally:
-                    os.close(cfd)
-            elif not entry.name.startswith(TMP_PREFIX):
-                out.append("/".join(sub))
-        return out
 
     def _remove_record_tree(self, parts: list[str]) -> None:
         """Remove the records' directory of the (removed) directory of objects ``parts``."""
@@ -270,38 +258,38 @@ class DirectoryStore:
             if stat.S_ISLNK(st.st_mode):
                 raise _Link(self._where([META_DIR, *parts]))
             if stat.S_ISDIR(st.st_mode):
-                sub = _child_dir(rfd, parts[-1], self._where([META_DIR, *parts]))
+                if (sub := _child_dir_if(rfd, parts[-1], self._where([META_DIR, *parts]))) is None:
+                    return  # (pruned by a concurrent delete of its last records)
                 try:
-                    self._files_below(sub, [META_DIR, *parts])  # refuses a symlink among them
+                    _files_below(sub, [META_DIR, *parts], self._where)  # refuses a symlink among them
                 finally:
                     os.close(sub)
-                shutil.rmtree(parts[-1], dir_fd=rfd)
+                _rmtree_at(rfd, parts[-1])
                 _fsync_dir(rfd)
         finally:
             os.close(rfd)
 
     def _check_objects(self, where: str, keys: list[str]) -> None:
         """Only stored objects (with their records) may be replaced: anything else in the way is
-        not ours to remove."""
+        not ours to remove. One a concurrent delete removed meanwhile is not in the way, nor a
+        directory (of other keys) a put made in its place since."""
         for key in keys:
-            if not self._has_record(key):
+            if not self._has_record(key) and not self._gone(key.split("/")):
                 raise StoreError(f"directory store {self.top}: {where!r} is in the way "
                                  "and is not a stored object (something else wrote it); remove it")
 
+    def _gone(self, parts: list[str]) -> bool:
+        """Whether no object stands at ``parts`` now (nothing, or a directory of other keys)."""
+        if (found := self._target(parts, data=True)) is None:
+            return True
+        os.close(found[0])
+        return False
+
     def _clean_temps(self) -> None:
-        """Remove the temp files that crashed writers left (once, before this writer's first put)."""
-        try:
-            fd = self._ns()
-        except (FileNotFoundError, NotADirectoryError):
-            self._temps_cleaned = True
-            return
-        try:
-            for _dirpath, _dirnames, filenames, dirfd in os.fwalk(".", dir_fd=fd):  # follows no symlink
-                for name in filenames:
-                    if name.startswith(TMP_PREFIX) and (st := _lstat_at(dirfd, name)) and stat.S_ISREG(st.st_mode):
-                        _unlink_quietly(dirfd, name)
-        finally:
-            os.close(fd)
+        """Remove the temp files crashed writers left in this namespace (once, before this writer's
+        first put); a nested namespace's are never touched (:func:`_clean_temps_below`)."""
+        with suppress(FileNotFoundError, NotADirectoryError):
+            _clean_temps_below(self._ns())
         self._temps_cleaned = True
 
     async def _run(self, fn: Callable[..., T], *args: object, key: str | None = None) -> T:
@@ -459,7 +447,7 @@ class DirectoryStore:
 
         return await self._run(read, key=key)
 
-    async def get_stream(self, key: str) -> tuple[ObjectInfo, AsyncIterator[bytes]]:
+    async def get_stream(self, key: str, read_ahead: int = 0) -> tuple[ObjectInfo, AsyncIterator[bytes]]:
         fd, info = await self._run(self._open_object, key, key=key)
 
         async def chunks() -> AsyncIterator[bytes]:
@@ -571,9 +559,18 @@ class DirectoryStore:
     async def delete_if(self, key: str, version: int) -> bool:
         return await self._run(self._remove, key, self._parts(key), version, key=key)
 
+    async def exists(self) -> bool:
+        """Whether the store's directory (``SIDECAR_STORE``, not the prefix) is there."""
+        return await self._run(os.path.isdir, self.base)
+
     async def now(self) -> float:
+        def read() -> float:  # in the namespace's directory, or where it would be made (not yet)
+            try:
+                return _clock_at(self._ns(), close=True)
+            except FileNotFoundError:
+                return _clock_at(_nearest_dir(self.base, self._prefix_parts), close=True)
         try:
-            return await self._run(lambda: _clock_at(self._ns(), close=True))
+            return await self._run(read)
         except StoreError as e:  # a read-only or missing store: no temp file can be made there
             self.clock_is_local = True  # prune refuses to judge ages by it (sidecar.prune)
             if _CLOCK_TOLD.first(self.top):

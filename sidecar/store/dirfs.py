@@ -11,7 +11,10 @@ import hashlib
 import json
 import os
 import secrets
+import shutil
 import stat
+import sys
+from typing import Callable
 
 from sidecar.store.base import OWN_NAMESPACE, Source
 
@@ -92,8 +95,12 @@ def _open_dir(top: str, parts: list[str], create: bool) -> int:
                 except FileNotFoundError:
                     if not create:
                         raise
-                    with contextlib.suppress(FileExistsError):
+                    try:
                         os.mkdir(part, 0o777, dir_fd=fd)
+                    except FileExistsError:
+                        pass
+                    else:  # its entry is durable before anything is stored below it
+                        _fsync_dir(fd)
                     nfd = _child_dir(fd, part, where)
                 os.close(fd)
                 fd = nfd
@@ -148,6 +155,52 @@ def _meta_name(name: str) -> str:
 def _meta_path(top: str, rel: str) -> str:
     head, _, name = rel.rpartition("/")
     return os.path.join(top, META_DIR, *([head] if head else []), _meta_name(name))
+
+
+def _child_dir_if(dfd: int, name: str, where: str) -> int | None:
+    """:func:`_child_dir`, or None when ``name`` is gone (a concurrent delete pruned it)."""
+    try:
+        return _child_dir(dfd, name, where)
+    except FileNotFoundError:
+        return None
+
+
+def _files_below(dfd: int, parts: list[str], where: Callable[[list[str]], str]) -> list[str]:
+    """The keys of the files below the directory ``dfd`` (the key path ``parts``); a symlink
+    among them is :class:`_Link` (it is not ours to remove), named by ``where(its parts)``.
+    A concurrent delete may prune a directory among them meanwhile: its files are gone."""
+    out: list[str] = []
+    try:
+        entries = list(os.scandir(dfd))
+    except FileNotFoundError:  # (a pruned directory, where the filesystem says so)
+        return out
+    for entry in entries:
+        sub = parts + [entry.name]
+        if entry.is_symlink():
+            raise _Link(where(sub))
+        if entry.is_dir(follow_symlinks=False):
+            if (cfd := _child_dir_if(dfd, entry.name, where(sub))) is None:
+                continue
+            try:
+                out += _files_below(cfd, sub, where)
+            finally:
+                os.close(cfd)
+        elif not entry.name.startswith(TMP_PREFIX):
+            out.append("/".join(sub))
+    return out
+
+
+def _rmtree_at(dfd: int, name: str) -> None:
+    """:func:`shutil.rmtree` of the directory ``name`` in ``dfd`` (never through a symlink); what
+    a concurrent delete removed meanwhile (a file, a directory it pruned) is gone already."""
+    def gone_or_raise(_func: object, _path: str, exc: BaseException) -> None:
+        if not isinstance(exc, FileNotFoundError):
+            raise exc
+
+    if sys.version_info >= (3, 12):
+        shutil.rmtree(name, dir_fd=dfd, onexc=gone_or_raise)
+    else:
+        shutil.rmtree(name, dir_fd=dfd, onerror=lambda func, path, info: gone_or_raise(func, path, info[1]))
 
 
 def _fsync_dir(fd: int) -> None:
@@ -210,6 +263,18 @@ def _fill(fd: int, data: "bytes | Source", mode: int, mtime_ns: int | None) -> o
         return os.fstat(f.fileno())
 
 
+def _nearest_dir(top: str, parts: list[str]) -> int:
+    """A descriptor of ``top/parts...``, or of the nearest directory above it that exists (never
+    through a symlink below ``top``); FileNotFoundError when not even ``top`` does."""
+    for n in range(len(parts), -1, -1):
+        try:
+            return _open_dir(top, parts[:n], False)
+        except FileNotFoundError:
+            if n == 0:
+                raise
+    raise AssertionError("unreachable")
+
+
 def _temp_in(top: str, parts: list[str]) -> tuple[int, str, int]:
     """A new temp file in the directory ``top/parts...`` (made if missing, never through a
     symlink): the directory's descriptor, the temp's name and its descriptor."""
@@ -234,6 +299,25 @@ def _temp_in(top: str, parts: list[str]) -> tuple[int, str, int]:
 def _unlink_quietly(dfd: int, name: str) -> None:
     with contextlib.suppress(OSError):
         os.unlink(name, dir_fd=dfd)
+
+
+def _clean_temps_below(fd: int, top: bool = True) -> None:
+    """Remove the temp files below the namespace directory ``fd`` (closed after). A temp's name
+    does not say whose it is, so a directory below that holds ``.sidecar`` or ``.sidecar-meta`` is
+    never entered: it is a nested namespace (its sidecar claims it, making ``.sidecar/``, before
+    its first temp file), whose live writers' temp files are theirs. No symlink is followed."""
+    try:
+        entries = list(os.scandir(fd))
+        if not top and any(e.name in (OWN_NAMESPACE, META_DIR) for e in entries):
+            return  # another namespace
+        for e in entries:
+            with contextlib.suppress(OSError, _Link):  # gone meanwhile, or a symlink: never followed
+                if e.is_dir(follow_symlinks=False):
+                    _clean_temps_below(_child_dir(fd, e.name, e.name), top=False)
+                elif e.name.startswith(TMP_PREFIX) and e.is_file(follow_symlinks=False):
+                    _unlink_quietly(fd, e.name)
+    finally:
+        os.close(fd)
 
 
 def _write_atomic(path: str, data: "bytes | Source", mode: int = 0o600, mtime_ns: int | None = None, *,
