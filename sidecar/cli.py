@@ -40,9 +40,9 @@ _EPILOG = {
     "probe": "0 ready/live; 1 not, or no answer within --timeout; 2 when SIDECAR_HTTP_ADDR is empty",
     "release": "0 once released (or when the namespace has no owner marker); 1 when the store cannot be reached",
     "sessions": "0 once every namespace is listed; 1 when the store cannot be listed",
-    "prune": "0 done (also when nothing was eligible); 1 the store cannot be listed, or the push to --pushgateway "
-             "failed; 2 bad usage or configuration; 3 some eligible namespaces could not be pruned (the others were: "
-             "run it again)",
+    "prune": "0 done (also when nothing was eligible); 1 the store cannot be listed (or does not exist), or the "
+             "push to --pushgateway failed; 2 bad usage or configuration; 3 some eligible namespaces could not be "
+             "pruned or were refused (the others were: run it again)",
     "history": "0 once listed (none is fine); 1 when the store cannot be read",
 }
 _ENV_NOTE = ("Every flag is also the environment variable named in its help (flags win); variables of "

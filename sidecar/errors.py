@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 from sidecar import log
 
@@ -43,3 +44,16 @@ def leaves(eg: BaseException) -> Iterator[BaseException]:
             yield from leaves(e)
     else:
         yield eg
+
+
+@contextmanager
+def first_of(kind: type[BaseException]) -> Iterator[None]:
+    """Around a task group whose tasks may fail with ``kind``: an exception group holding one is
+    raised as its first such exception alone (one reason, one line), anything else as it was."""
+    try:
+        yield
+    except BaseExceptionGroup as eg:
+        for exc in leaves(eg):
+            if isinstance(exc, kind):
+                raise exc from None
+        raise

@@ -1,20 +1,28 @@
 """Every namespace of a store, streamed: one listing grouped by :class:`sidecar.sessionplan.Grouper`,
 each namespace's owner marker read (a few at a time, in order) and its owner told by the store's
 clock. ``sessions`` prints them, ``prune`` prunes the ended ones. Memory is bounded by
-:data:`BATCH` namespaces and the depth of a key, whatever the store holds."""
+:data:`BATCH` namespaces and the depth of a key, whatever the store holds. Both commands work
+below :func:`operator_prefix` (never one session's namespace) and refuse a store that is not
+there (:meth:`Store.exists`)."""
 
 from __future__ import annotations
 
 import json
 import time
 from dataclasses import dataclass
-from typing import AsyncIterator
+from typing import TYPE_CHECKING, AsyncIterator, Mapping
 
 import anyio
 
+from sidecar import log
+from sidecar.errors import first_of
 from sidecar.fence import MAX_MARKER_BYTES, OWNER_KEY, STORED_VERSION, UNREADABLE, marker_identity
+from sidecar.namespace import SESSION_VAR, references, resolve
 from sidecar.sessionplan import Group, Grouper, owner
-from sidecar.store.base import NotFound, Store
+from sidecar.store.base import NotFound, Store, StoreError
+
+if TYPE_CHECKING:
+    from sidecar.config import Settings
 
 #: Namespaces whose markers are read at once.
 BATCH = 16
@@ -37,6 +45,36 @@ class Namespace:
 def full_name(prefix: str, namespace: str) -> str:
     """A namespace as the sidecar names it (``SIDECAR_PREFIX`` included; a listing's are relative)."""
     return "/".join(p for p in (prefix, namespace) if p)
+
+
+def operator_prefix(template: str, env: Mapping[str, str], session_namespace: str = "auto") -> tuple[str, bool]:
+    """The prefix ``sessions`` and ``prune`` work below, and whether the session variable was
+    ignored for it. Both are operator commands over every session, so the namespace a session's
+    sidecar derives from ``FOUNDRY_AGENT_SESSION_ID`` (``<prefix>/<agent>/<session>``, or a
+    template's expansion with ``/<session>``) never narrows them: the prefix is ``SIDECAR_PREFIX``
+    resolved as if no session were named, cut before the segment that refers to the session id.
+    Raises :class:`sidecar.namespace.NamespaceError`."""
+    if not env.get(SESSION_VAR):
+        return resolve(template, env, session_namespace).path, False
+    segments = template.strip().strip("/").split("/")
+    cut = next((i for i, seg in enumerate(segments) if SESSION_VAR in references(seg)), len(segments))
+    without = {k: v for k, v in env.items() if k != SESSION_VAR}
+    return resolve("/".join(segments[:cut]), without, session_namespace).path, True
+
+
+def operator_settings(settings: "Settings", env: Mapping[str, str]) -> tuple["Settings", str | None]:
+    """``settings`` for ``sessions`` and ``prune``: the namespace is :func:`operator_prefix`'s,
+    with no identity. Also the one line that says the session variable was ignored (None when it
+    was not set)."""
+    from sidecar.namespace import Namespace as Resolved
+
+    prefix, ignored = operator_prefix(settings.prefix, env, settings.session_namespace)
+    wide = settings.model_copy()
+    wide._namespace = Resolved(prefix)
+    shown = log.printable(prefix) or "(top of the store)"
+    note = (f"{SESSION_VAR} is set and ignored (this command covers every session): working below the prefix "
+            f"{shown!r}") if ignored else None
+    return wide, note
 
 
 class StoreClock:
@@ -96,9 +134,10 @@ async def walk(store: Store, live_within: float, clock: StoreClock | None = None
             if groups[i].marker is not None:
                 markers[i] = await read_marker_at(store, groups[i].namespace)
 
-        async with anyio.create_task_group() as tg:
-            for i in range(len(groups)):
-                tg.start_soon(read, i)
+        with first_of(StoreError):  # the walk's failure, not a group of them
+            async with anyio.create_task_group() as tg:
+                for i in range(len(groups)):
+                    tg.start_soon(read, i)
         now = clock.now()
         return [Namespace(g, m, owner(m, g.marker.modified if g.marker else None, now, live_within), now)
                 for g, m in zip(groups, markers, strict=True)]

@@ -10,12 +10,19 @@ meanwhile whole), :data:`PARALLEL` at once. One line per eligible namespace on s
 summary line; progress on stderr when it is a terminal. ``--pushgateway``: the gauges of
 :data:`GAUGES`, pushed once at the end.
 
-Exit codes (:data:`EXIT_CODES`): 0 done (nothing eligible included); 1 the store cannot be
-listed, or the push failed; 2 bad usage or configuration; 3 some eligible namespaces could not
-be pruned (the others were; run it again)."""
+``SIDECAR_PREFIX`` is resolved as if no session were named (:func:`sidecar.namespaces.operator_prefix`):
+``FOUNDRY_AGENT_SESSION_ID`` in the environment never narrows prune to one session; when it is
+set, one line on stderr says so and names the prefix pruned. A dry run only reads (a read-only
+store will do).
+
+Exit codes (as ``prune --help`` says): 0 done (nothing eligible included); 1 the store cannot be
+listed (the directory or the container does not exist, too), or the push failed; 2 bad usage or
+configuration; 3 some eligible namespaces could not be pruned, or were refused because they hold
+what prune cannot delete (the others were; run it again)."""
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from functools import partial
@@ -27,16 +34,16 @@ import anyio.to_thread
 from sidecar import log
 from sidecar.config import Settings
 from sidecar.errors import EXIT_CONFIG, EXIT_FAIL, EXIT_OK, fail
-from sidecar.namespaces import Namespace, StoreClock, full_name, walk
+from sidecar.namespace import NamespaceError
+from sidecar.namespaces import Namespace, StoreClock, full_name, operator_settings, walk
 from sidecar.pruner import FAILED, PRUNED, SKIPPED, WOULD_PRUNE, Pruner, Result
 from sidecar.sessionplan import prunable
 from sidecar.store.base import Store, StoreError
 from sidecar.storeclient import open_store
 
 EXIT_PARTIAL = 3
-EXIT_CODES = (f"{EXIT_OK} done (also when nothing was eligible); {EXIT_FAIL} the store cannot be listed, or the "
-              f"push to --pushgateway failed; {EXIT_CONFIG} bad usage or configuration; {EXIT_PARTIAL} some eligible "
-              "namespaces could not be pruned (the others were: run it again)")
+#: The store itself (the directory, the container) is not there: nothing can be listed.
+EXIT_MISSING = EXIT_FAIL
 #: Namespaces pruned at once (each waits a grace of SIDECAR_FENCE_WINDOW + SIDECAR_FENCE_MARGIN).
 PARALLEL = 16
 #: The gauges pushed to --pushgateway (alert rules use these names).
@@ -94,11 +101,20 @@ async def command(settings: Settings, older_than: float, live_within: float, dry
     """Prune (see the module docstring); the exit code."""
     if pushgateway and (why := _bad_gateway(pushgateway)):
         return fail(f"--pushgateway {log.redact(_without_userinfo(pushgateway))}: {why}", EXIT_CONFIG)
-    top = open_store(settings, read_only=True)
+    try:
+        settings, note = operator_settings(settings, os.environ)
+    except NamespaceError as e:
+        return fail(f"{e.variable}: {e}", EXIT_CONFIG)
+    if note:
+        print(f"prune: {note}", file=sys.stderr, flush=True)
     prefix = settings.namespace.path
+    top = open_store(settings, read_only=True)
     tally = Tally(dry_run)
     try:
         await top.open()
+        if not await top.exists():
+            return fail(f"the store {top.description} is not there (its {_what(top)} does not exist): nothing was "
+                        "pruned; check SIDECAR_STORE", EXIT_MISSING)
         if (owner := await _enclosing_namespace(settings, prefix)) is not None:
             return fail(f"SIDECAR_PREFIX {log.printable(prefix)!r} lies inside the namespace {log.printable(owner)!r} "
                         f"(it has an owner marker): prune the namespaces under a prefix that holds them, never "
@@ -172,10 +188,17 @@ async def _enclosing_namespace(settings: Settings, prefix: str) -> str | None:
 
 def _store_for(settings: Settings, prefix: str, namespace: str) -> Store:
     """A namespace's own store, as its sidecar makes it (the directory store's records and locks
-    are per namespace)."""
+    are per namespace). Opened read-only, dry run or not: opening it creates nothing (a container
+    or store directory deleted while prune runs is never made again; what is gone lists as
+    empty), and the store still takes prune's writes (a dry run makes none, so a read-only mount
+    or a SAS without write permission will do)."""
     from sidecar.store import make_store
 
-    return make_store(settings.store_url, full_name(prefix, namespace), concurrency=4)
+    return make_store(settings.store_url, full_name(prefix, namespace), read_only=True, concurrency=4)
+
+
+def _what(store: Store) -> str:
+    return "container" if getattr(store, "container_name", None) else "directory"
 
 
 async def _run(top: Store, pruner: Pruner, clock: StoreClock, tally: Tally, prefix: str) -> None:
@@ -190,22 +213,28 @@ async def _run(top: Store, pruner: Pruner, clock: StoreClock, tally: Tally, pref
                 print(line(r, prefix), flush=True)
                 tally.progress()
 
+    failed: list[StoreError] = []
     async with anyio.create_task_group() as tg:
         with receive:
             for _ in range(PARALLEL):
                 tg.start_soon(worker, receive.clone())
         async with send:
-            async for ns in walk(top, pruner.live_within, clock):
-                tally.listed += 1
-                g = ns.group
-                modified = g.marker.modified if g.marker is not None else None
-                if prunable(ns.owner, g.last_write, ns.marker, modified, clock.now(), pruner.older_than,
-                            pruner.live_within):
-                    tally.eligible += 1
-                    await send.send(ns)
-                else:
-                    tally.kept += 1
-                tally.progress()
+            try:
+                async for ns in walk(top, pruner.live_within, clock):
+                    tally.listed += 1
+                    g = ns.group
+                    modified = g.marker.modified if g.marker is not None else None
+                    if prunable(ns.owner, g.last_write, ns.marker, modified, clock.now(), pruner.older_than,
+                                pruner.live_within):
+                        tally.eligible += 1
+                        await send.send(ns)
+                    else:
+                        tally.kept += 1
+                    tally.progress()
+            except StoreError as e:  # raised once the namespaces sent are done, not as a group
+                failed.append(e)
+    if failed:
+        raise failed[0]
 
 
 def push(url: str, tally: Tally, success: bool) -> None:

@@ -4,7 +4,11 @@ The protocol (docs/NAMESPACES.md, "Pruning"; the sidecar's side: :func:`sidecar.
 and :meth:`sidecar.fence.Fence.claim`):
 
 1. Read the marker (the namespace's own store, as its sidecar reads it) and decide again by the
-   store's clock (:func:`sidecar.sessionplan.prunable`): what the listing saw may be old.
+   store's clock (:func:`sidecar.sessionplan.prunable`): what the listing saw may be old. Then
+   read what step 5 will delete (:meth:`Pruner._refusal`): a namespace holding what prune cannot
+   delete is refused (failed) before anything is written, never left ``deleting``. A dry run
+   stops here, having only read; a prune deletes a key that is not there, and a store that
+   refuses it (a SAS without delete permission) refuses the namespace the same way.
 2. **pending**: a compare-and-swap on the marker as read: a higher stamp, owner ``prune:<uuid>``,
    the same identity, ``"prune": {"phase": "pending"}``. A refused swap: skipped, nothing changed.
 3. Wait a **grace** of the fence's write window + margin: an owner that proved its ownership just
@@ -32,6 +36,8 @@ from typing import Awaitable, Callable
 
 import anyio
 
+from sidecar import log
+from sidecar.errors import first_of
 from sidecar.fence import (
     OWNER_KEY,
     PRUNE_DELETING,
@@ -47,6 +53,7 @@ from sidecar.fence import (
     read_marker_info,
 )
 from sidecar.namespaces import Namespace
+from sidecar.paths import UnsafeKey, validate_relpath
 from sidecar.sessionplan import deleting, owner, prunable
 from sidecar.store.base import OWN_NAMESPACE, NotFound, ObjectInfo, ObjectMeta, Store, StoreError
 
@@ -101,13 +108,20 @@ class Pruner:
     async def _prune(self, store: Store, ns: Namespace) -> Result:
         name = ns.group.namespace
         marker, info = await read_marker_info(store)
+        if info is None and ns.group.marker is not None:  # listed with one: another prune took it meanwhile
+            return Result(name, SKIPPED, why="its owner marker is gone since it was listed (pruned or removed "
+                                             "meanwhile): nothing was changed")
         modified = info.modified if info is not None else None
         now = self.now()
         who = owner(marker, modified, now, self.live_within)
         if not prunable(who, ns.group.last_write, marker, modified, now, self.older_than, self.live_within):
             return Result(name, SKIPPED, why=f"its owner is {who} now")
+        if (why := await self._refusal(store)) is not None:  # before any marker: a refusal changes nothing
+            return Result(name, FAILED, why=f"{why}: nothing was changed")
         if self.dry_run:
             return Result(name, WOULD_PRUNE, ns.group.objects, ns.group.bytes)
+        if (why := await _deletes_refused(store)) is not None:
+            return Result(name, FAILED, why=f"{why}: nothing was changed")
         ours = PRUNE_OWNER + uuid.uuid4().hex
         identity = marker_identity(marker)
         seen = marker.get(STORED_VERSION, 0)
@@ -125,6 +139,29 @@ class Pruner:
         if not await store.delete_if(OWNER_KEY, stamp):
             raise Lost("its objects were deleted, but the owner marker changed before it could be removed")
         return Result(name, PRUNED, objects + 1, size + (info.size if info is not None else 0))
+
+    async def _refusal(self, store: Store) -> str | None:
+        """Why the namespace cannot be pruned whole, found by reading what :meth:`_delete_all`
+        will delete (a name the store refuses to delete, such as ``a//b``; a nested namespace's
+        marker that cannot be looked up, such as a directory standing there), so that it is
+        refused before it is marked and never left ``deleting`` halfway; None when it can be."""
+        nested: dict[str, bool] = {}
+        try:
+            async for info in store.list():
+                if info.key == OWNER_KEY:
+                    continue
+                if await _in_nested(store, info.key, nested):
+                    continue  # a nested namespace's: kept
+                try:
+                    validate_relpath(info.key)
+                except UnsafeKey as e:
+                    return f"refusing to prune it: it holds a key the store cannot delete ({e}); remove it by hand"
+                if info.leased:
+                    return (f"refusing to prune it: {log.printable(info.key)!r} is leased by another client (it "
+                            "cannot be deleted); release or break its lease")
+        except StoreError as e:
+            return f"refusing to prune it: what it holds cannot be checked ({e})"
+        return None
 
     async def _delete_all(self, store: Store, stamp: int, ours: str) -> tuple[int, int]:
         """Delete every object but the marker and those of nested namespaces, in batches, each
@@ -144,9 +181,10 @@ class Pruner:
                 if current.get(STORED_VERSION) != stamp or current.get("owner") != ours:
                     raise Lost(f"its owner marker was taken over during the prune ({objects} objects deleted)")
                 proof_until = t + self.window  # a proof counts from its send
-            async with anyio.create_task_group() as tg:
-                for info in batch:
-                    tg.start_soon(store.delete, info.key)
+            with first_of(StoreError):  # the namespace's failure, not a group of them
+                async with anyio.create_task_group() as tg:
+                    for info in batch:
+                        tg.start_soon(store.delete, info.key)
             objects += len(batch)
             size += sum(max(i.size, 0) for i in batch)
             batch.clear()
@@ -159,6 +197,21 @@ class Pruner:
                 await flush()
         await flush()
         return objects, size
+
+
+#: A key no namespace holds, deleted to learn whether the store lets prune delete at all.
+DELETE_PROBE = f"{OWN_NAMESPACE}/prune-delete-probe"
+
+
+async def _deletes_refused(store: Store) -> str | None:
+    """Why the store would refuse prune's deletes (a SAS that may write but not delete would
+    leave the namespace marked ``deleting`` for good); None when it accepts them. A delete of a
+    missing key: on Azure, authorisation is checked before the blob is looked up."""
+    try:
+        await store.delete(DELETE_PROBE)
+    except StoreError as e:
+        return f"refusing to prune it: the store refuses to delete there ({e})"
+    return None
 
 
 async def _mark(store: Store, stamp: int, seen: int, ours: str, identity: dict[str, str], phase: str,
@@ -178,8 +231,8 @@ async def _in_nested(store: Store, key: str, seen: dict[str, bool]) -> bool:
     has an owner marker). One marker look-up per directory, remembered (a bounded number)."""
     parts = key.split("/")[:-1]
     for i in range(1, len(parts) + 1):
-        if parts[i - 1] == OWN_NAMESPACE:
-            return False  # this namespace's own objects
+        if parts[i - 1] == OWN_NAMESPACE or parts[i - 1] in ("", ".", ".."):
+            return False  # this namespace's own objects (or no directory that can be looked up)
         where = "/".join(parts[:i])
         if where not in seen:
             if len(seen) >= 4096:

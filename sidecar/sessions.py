@@ -1,19 +1,23 @@
 """``checkpoint-sidecar sessions [--json] [--live-within DURATION]``: every namespace of the store,
 one line each, as the listing streams in (:func:`sidecar.namespaces.walk`): namespace, owner,
 files, bytes, last write (the store's clock), restore points, identity. Read-only. ``--json``: one
-JSON object per line. Exit 0; 1 when the store cannot be read (the lines printed so far stand)."""
+JSON object per line. Exit 0; 1 when the store cannot be read or is not there (the lines printed
+so far stand). Every session's namespace below ``SIDECAR_PREFIX``, whatever
+``FOUNDRY_AGENT_SESSION_ID`` says (:func:`sidecar.namespaces.operator_prefix`)."""
 
 from __future__ import annotations
 
 import json
+import os
+import sys
 from datetime import datetime, timezone
 from typing import Any
 
 from sidecar import log
 from sidecar.config import Settings
-from sidecar.errors import EXIT_OK, fail
-from sidecar.namespace import describe_identity
-from sidecar.namespaces import Namespace, full_name, walk
+from sidecar.errors import EXIT_CONFIG, EXIT_OK, fail
+from sidecar.namespace import NamespaceError, describe_identity
+from sidecar.namespaces import Namespace, full_name, operator_settings, walk
 from sidecar.store.base import StoreError
 from sidecar.storeclient import open_store
 
@@ -45,10 +49,18 @@ def as_text(ns: Namespace, prefix: str) -> str:
 
 async def command(settings: Settings, json_lines: bool, live_within: float) -> int:
     """Print every namespace (see the module docstring)."""
+    try:
+        settings, note = operator_settings(settings, os.environ)
+    except NamespaceError as e:
+        return fail(f"{e.variable}: {e}", EXIT_CONFIG)
+    if note:
+        print(f"sessions: {note}", file=sys.stderr, flush=True)
     store = open_store(settings, read_only=True)
     prefix = settings.namespace.path
     try:
         await store.open()
+        if not await store.exists():
+            return fail(f"the store {store.description} is not there: check SIDECAR_STORE")
         if not json_lines:
             print(HEADER, flush=True)
         async for ns in walk(store, live_within):

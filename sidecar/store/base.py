@@ -89,6 +89,9 @@ class ObjectInfo:
     #: (Azure's Last-Modified, the directory store's file mtime); None when not known. Compared
     #: only with other times of the same store, never with a local clock.
     modified: float | None = None
+    #: as listed: another client holds a lease on it, so it cannot be written or deleted until that
+    #: lease is released or broken (Azure; other stores have none)
+    leased: bool = False
 
     def same_content(self, meta: ObjectMeta) -> bool:
         return self.sha256 == meta.sha256 and self.size == meta.size
@@ -162,10 +165,12 @@ class Store(Protocol):
     async def get(self, key: str) -> tuple[bytes, ObjectInfo]:
         """The object's bytes and metadata; :class:`NotFound` when absent."""
 
-    async def get_stream(self, key: str) -> tuple[ObjectInfo, AsyncIterator[bytes]]:
+    async def get_stream(self, key: str, read_ahead: int = 0) -> tuple[ObjectInfo, AsyncIterator[bytes]]:
         """The object's metadata and its bytes in chunks of at most :data:`CHUNK_BYTES` (for
         objects too large to hold); :class:`NotFound` when absent. Iterate the chunks to the end
-        or close them."""
+        or close them. ``read_ahead``: a remote store fetches up to that many further chunks while
+        one is consumed (that many chunks more in memory), so a large object streams at the
+        store's pace rather than one round trip a chunk; a local one may ignore it."""
 
     def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:
         """Every object whose key starts with ``prefix``, with metadata, in one paged pass."""
@@ -178,6 +183,12 @@ class Store(Protocol):
         removal one atomic step (Azure: a delete conditional on the ETag just read; the directory
         store: under the key's lock); True when it was removed. For the owner marker
         (``checkpoint-sidecar prune`` removes it last, only while it is still prune's)."""
+
+    async def exists(self) -> bool:
+        """Whether the store itself is there (the directory store's directory, the Azure
+        container), which a read-only store cannot tell by listing (it lists as empty without it).
+        Reads only; a backend that cannot tell says True."""
+        return True
 
     async def now(self) -> float:
         """The store's current time, in seconds since the epoch by the *store's* clock (the one

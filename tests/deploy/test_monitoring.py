@@ -218,6 +218,7 @@ def test_dashboard_structure():
             assert 'instance=~"$instance"' in t["expr"], t["expr"]
 
 
+@pytest.mark.slow
 def test_prune_alerts_fire_as_documented(tmp_path):
     """promtool's rule unit tests on the pushed gauges (a Pushgateway scraped every minute): three
     namespaces eligible and none pruned for 2 days fires NamespacesToPrune (not before 48h), a

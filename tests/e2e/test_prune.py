@@ -1,6 +1,7 @@
 """Three sessions of one image on one store, two of which end; ``prune --older-than 0s`` deletes
 those two and leaves the live one, which still mirrors, and whose recreated compute resumes its
-paused workflow (the real approval agent under ``sidecar run``)."""
+paused workflow (the real approval agent under ``sidecar run``). ``sessions`` and ``prune`` run in
+the live session's environment, ``FOUNDRY_AGENT_SESSION_ID`` included, and still see every session."""
 
 from __future__ import annotations
 
@@ -31,8 +32,8 @@ def test_prune_takes_the_ended_sessions_and_leaves_the_live_one(tmp_path, issue_
     for s in (done1, done2):  # their sessions end: a clean exit releases the namespace
         assert hosts[s.sid].stop(signal.SIGTERM) == 0, hosts[s.sid].log_tail()
 
+    # run from the live session's own environment: its FOUNDRY_AGENT_SESSION_ID never narrows them
     env = {**live.env, "SIDECAR_FENCE_MARGIN": "0"}
-    del env["FOUNDRY_AGENT_SESSION_ID"]  # a job of its own, not a session
     listed = subprocess.run([sys.executable, "-m", "sidecar", "sessions", "--json"], env=env, cwd=tmp_path,
                             capture_output=True, text=True, timeout=60)
     owners = {row["namespace"]: row["owner"] for row in map(json.loads, listed.stdout.splitlines())}
@@ -42,6 +43,7 @@ def test_prune_takes_the_ended_sessions_and_leaves_the_live_one(tmp_path, issue_
                             capture_output=True, text=True, timeout=120)
     assert pruned.returncode == 0, pruned.stderr
     assert "pruned 2 namespaces" in pruned.stdout, pruned.stdout
+    assert "FOUNDRY_AGENT_SESSION_ID is set and ignored" in pruned.stderr, pruned.stderr
     assert not done1.namespace.exists() or not any((done1.namespace / ".checkpoints").glob("**/*.json"))
     assert not done2.namespace.exists() or not any((done2.namespace / ".checkpoints").glob("**/*.json"))
 

@@ -769,3 +769,21 @@ async def test_a_small_put_succeeds_over_a_dead_uploads_uncommitted_blocks(azure
     assert (await store.put("r/k", again, meta(again, 8))).version == 8
     assert (await store.get("r/k"))[0] == again
 
+
+
+async def test_a_blob_rewritten_while_streamed_ahead_fails_the_read_never_mixes_bytes(azure_stores):
+    """The ranges fetched ahead are pinned to the first answer's ETag: a rewrite in between is a
+    failed read (to retry), never the old blob's start joined to the new one's end."""
+    from sidecar.store.base import CHUNK_BYTES
+
+    store = await azure_stores()
+    old, new = os.urandom(CHUNK_BYTES * 3), os.urandom(CHUNK_BYTES * 3)
+    await store.put("r/big.bin", old, ObjectMeta.of(old, 1, 0o600))
+    _, chunks = await store.get_stream("r/big.bin", 1)
+    got = [await chunks.__anext__()]  # one range is in flight now, the last one not yet asked for
+    async with azure_stores.raw() as svc:
+        await svc.get_blob_client(azure_stores.container, "r/big.bin").upload_blob(new, overwrite=True)
+    with pytest.raises(StoreError):
+        async for c in chunks:
+            got.append(c)
+    assert b"".join(got) == old[: len(b"".join(got))]

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from sidecar.store.base import NotFound, ObjectInfo, ObjectMeta, Store, StoreError
+from sidecar.store.base import CHUNK_BYTES, NotFound, ObjectInfo, ObjectMeta, Store, StoreError
 
 pytestmark = pytest.mark.anyio
 
@@ -114,6 +114,28 @@ async def test_five_mib_object(make_store):
     got, info = await store.get("r/big.bin")
     assert got == data and info.same_as(m)
     assert (await listed(store, "r/big"))["r/big.bin"].same_as(m)
+
+
+@pytest.mark.parametrize("read_ahead", [0, 1, 3])
+async def test_a_streamed_read_gives_the_bytes_in_order_whatever_the_read_ahead(make_store, read_ahead):
+    store = await make_store()
+    data = os.urandom(CHUNK_BYTES * 3 + 12345)  # three whole chunks and a part
+    await store.put("r/big.bin", data, meta(data))
+    info, chunks = await store.get_stream("r/big.bin", read_ahead)
+    got = [c async for c in chunks]
+    assert info.size == len(data)
+    assert b"".join(got) == data and all(len(c) <= CHUNK_BYTES for c in got)
+
+
+async def test_a_streamed_read_closed_early_leaves_nothing_running(make_store):
+    store = await make_store()
+    data = os.urandom(CHUNK_BYTES * 4)
+    await store.put("r/big.bin", data, meta(data))
+    _, chunks = await store.get_stream("r/big.bin", 3)
+    assert await chunks.__anext__() == data[:CHUNK_BYTES]
+    await chunks.aclose()  # the chunks fetched ahead are dropped
+    got, _ = await store.get("r/big.bin")  # and the store is still usable
+    assert got == data
 
 
 @pytest.mark.parametrize("key", [

@@ -7,9 +7,13 @@ Also the store's clock and its conditional delete."""
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 import threading
 import time
+from datetime import datetime, timedelta, timezone
 from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
 
 import anyio
 import pytest
@@ -277,3 +281,368 @@ async def test_a_bad_pushgateway_is_refused_before_anything_is_pruned(make_store
     assert r.returncode == 2, r.stderr
     assert "HUNTER2" not in r.stderr + r.stdout
     assert await keys_below(make_store, "s1") == before
+
+
+def _backend(store_place) -> str:
+    return "directory" if "://" not in store_place[0] else "azure"
+
+
+async def _plant_what_prune_cannot_delete(store_place) -> None:
+    """In namespace ``s1``: on Azure a blob named ``s1/.checkpoints/a//b`` (no store key can name
+    it); on the directory store a directory standing where a nested namespace's owner marker goes."""
+    url, creds = store_place
+    if _backend(store_place) == "directory":
+        where = Path(url) / "s1" / "sub" / ".sidecar" / "owner"
+        where.mkdir(parents=True)
+        (where / "x").write_bytes(b"not a marker")
+        return
+    from azure.storage.blob.aio import BlobServiceClient
+
+    async with BlobServiceClient.from_connection_string(creds["AZURE_STORAGE_CONNECTION_STRING"]) as svc:
+        await svc.get_container_client(url.rstrip("/").rsplit("/", 1)[1]).upload_blob("s1/.checkpoints/a//b", b"x")
+
+
+async def test_a_namespace_holding_what_prune_cannot_delete_is_refused_untouched(make_store, store_place, tmp_path):
+    store = await make_store("s1")
+    await seed(store, "s1", points=1)
+    await put_marker(store, "s1", heartbeat=0, interval=900)  # released: eligible
+    await _plant_what_prune_cannot_delete(store_place)
+    marker_before = await store.get(OWNER_KEY)
+    before = await keys_below(make_store, "s1")
+    r = await anyio.to_thread.run_sync(lambda: run_cli("prune", "--older-than", "0s", cwd=tmp_path,
+                                                       env=cli_env(store_place)))
+    assert r.returncode == 3, r.stdout + r.stderr
+    marker_after = await store.get(OWNER_KEY)
+    assert marker_after[0] == marker_before[0] and marker_after[1].version == marker_before[1].version, \
+        f"the marker changed: {marker_after[0]!r}"
+    assert await keys_below(make_store, "s1") == before
+    refused = [x for x in r.stdout.splitlines() if x.startswith("failed s1:")]
+    assert len(refused) == 1 and "refusing to prune it" in refused[0] and "nothing was changed" in refused[0], r.stdout
+    listed = await anyio.to_thread.run_sync(lambda: run_cli("sessions", "--json", cwd=tmp_path,
+                                                            env=cli_env(store_place)))
+    owners = {row["namespace"]: row["owner"] for row in map(json.loads, listed.stdout.splitlines())}
+    assert owners["s1"] == "released", owners  # never left "pruning"
+
+
+def _read_only(store_place, tmp_path) -> tuple[str, dict[str, str], tuple[str, ...]]:
+    """The store seen read-only: a read-only bind mount of the directory (in a mount namespace
+    of the CLI's own), or a SAS with read and list permissions only."""
+    url, creds = store_place
+    if _backend(store_place) == "directory":
+        script = 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" "$0" && exec "$@"'
+        probe = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script, url,
+                                "touch", f"{url}/.probe"], capture_output=True, text=True) \
+            if shutil.which("unshare") else None
+        if probe is None or "Read-only" not in probe.stderr:
+            pytest.skip("needs unshare --user --mount and a read-only bind mount")
+        return url, {}, ("unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script, url)
+    from azure.storage.blob import ContainerSasPermissions, generate_container_sas
+
+    from tests.azurite import DEV_ACCOUNT, DEV_KEY
+
+    container = url.rstrip("/").rsplit("/", 1)[1]
+    sas = generate_container_sas(DEV_ACCOUNT, container, account_key=DEV_KEY,
+                                 permission=ContainerSasPermissions(read=True, list=True),
+                                 expiry=datetime.now(timezone.utc) + timedelta(hours=1))
+    return f"{url}?{sas}", {}, ()
+
+
+async def test_a_dry_run_only_reads_and_works_on_a_read_only_store(make_store, store_place, tmp_path):
+    store = await make_store("s1")
+    await seed(store, "s1", points=1)
+    await put_marker(store, "s1", heartbeat=0, interval=900)
+    before = await keys_below(make_store, "s1")
+    url, creds, wrap = _read_only(store_place, tmp_path)
+    env = {k: v for k, v in cli_env(store_place).items() if not k.startswith("AZURE_")}
+    env.update({"SIDECAR_STORE": url, **creds})
+    r = await anyio.to_thread.run_sync(lambda: run_cli("prune", "--older-than", "0s", "--dry-run", cwd=tmp_path,
+                                                       env=env, wrap=wrap))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "would prune s1 (" in r.stdout and "nothing deleted" in r.stdout, r.stdout
+    assert await keys_below(make_store, "s1") == before
+    wet = await anyio.to_thread.run_sync(lambda: run_cli("prune", "--older-than", "0s", cwd=tmp_path, env=env,
+                                                         wrap=wrap))
+    assert wet.returncode != 0 and await keys_below(make_store, "s1") == before  # a real prune cannot write there
+
+
+async def test_prune_of_a_store_that_is_not_there_says_so(store_place, tmp_path):
+    url = store_place[0] if _backend(store_place) == "azure" else str(tmp_path / "no-such-store")
+    for command in (("prune", "--older-than", "0s"), ("prune", "--older-than", "0s", "--dry-run"), ("sessions",)):
+        r = await anyio.to_thread.run_sync(lambda c=command: run_cli(*c, cwd=tmp_path,
+                                                                     env=cli_env((url, store_place[1]))))
+        assert r.returncode == 1, (command, r.stdout, r.stderr)
+        errors = r.stderr.strip().splitlines()
+        assert len(errors) == 1 and "is not there" in errors[0], (command, r.stderr)
+        assert "pruned 0" not in r.stdout
+    if _backend(store_place) == "directory":
+        assert not Path(url).exists()
+
+
+async def test_prune_covers_every_session_whatever_the_session_id_says(make_store, store_place, tmp_path):
+    for name in ("s1", "s2"):
+        store = await make_store(f"agents/approvals/{name}")
+        await seed(store, name, points=0)
+        await put_marker(store, name, heartbeat=0, interval=900)
+    env = cli_env(store_place, SIDECAR_PREFIX="agents", FOUNDRY_AGENT_NAME="approvals", **{SESSION: "s1"})
+    listed = await anyio.to_thread.run_sync(lambda: run_cli("sessions", "--json", cwd=tmp_path, env=env))
+    assert listed.returncode == 0, listed.stderr
+    assert sorted(json.loads(x)["namespace"] for x in listed.stdout.splitlines()) == [
+        "agents/approvals/s1", "agents/approvals/s2"]
+    r = await anyio.to_thread.run_sync(lambda: run_cli("prune", "--older-than", "0s", cwd=tmp_path, env=env))
+    assert r.returncode == 0, r.stderr
+    assert "pruned 2 namespaces" in r.stdout.splitlines()[-1], r.stdout
+    said = [x for x in r.stderr.splitlines() if "ignored" in x]
+    assert len(said) == 1 and SESSION in said[0] and "'agents'" in said[0], r.stderr
+    assert await keys_below(make_store, "agents") == []
+
+
+async def test_a_store_that_refuses_deletes_is_refused_before_anything_is_marked(make_store, store_place, tmp_path):
+    """A SAS that may write (the marker) but not delete would leave the namespace ``deleting``
+    for good: prune tries one delete of a missing key first and refuses, the marker untouched."""
+    if _backend(store_place) == "directory":
+        pytest.skip("a SAS's permissions: the directory store deletes wherever it may write")
+    from azure.storage.blob import ContainerSasPermissions, generate_container_sas
+
+    from tests.azurite import DEV_ACCOUNT, DEV_KEY
+
+    store = await make_store("s1")
+    await seed(store, "s1", points=1)
+    await put_marker(store, "s1", heartbeat=0, interval=900)  # released: eligible
+    marker_before = await store.get(OWNER_KEY)
+    before = await keys_below(make_store, "s1")
+    url = store_place[0]
+    sas = generate_container_sas(DEV_ACCOUNT, url.rstrip("/").rsplit("/", 1)[1], account_key=DEV_KEY,
+                                 permission=ContainerSasPermissions(read=True, add=True, create=True, write=True,
+                                                                    list=True),
+                                 expiry=datetime.now(timezone.utc) + timedelta(hours=1))
+    env = {k: v for k, v in cli_env(store_place).items() if not k.startswith("AZURE_")}
+    env["SIDECAR_STORE"] = f"{url}?{sas}"
+    r = await anyio.to_thread.run_sync(lambda: run_cli("prune", "--older-than", "0s", cwd=tmp_path, env=env))
+    assert r.returncode == 3, r.stdout + r.stderr
+    refused = [x for x in r.stdout.splitlines() if x.startswith("failed s1:")]
+    assert len(refused) == 1 and "refuses to delete" in refused[0] and "nothing was changed" in refused[0], r.stdout
+    assert "sig=" not in r.stdout + r.stderr  # the SAS never shown
+    marker_after = await store.get(OWNER_KEY)
+    assert (marker_after[0], marker_after[1].version) == (marker_before[0], marker_before[1].version)
+    assert await keys_below(make_store, "s1") == before
+
+
+class _FailingDeletes(_Fresh):
+    """Deletes of the namespace's objects fail (after prune's probe passed): a store gone bad mid-prune."""
+
+    async def delete(self, key: str) -> None:
+        from sidecar.pruner import DELETE_PROBE
+        from sidecar.store.base import StoreError
+
+        if key != DELETE_PROBE:
+            raise StoreError(f"deleting {key!r} failed: the store broke")
+        await self.store.delete(key)
+
+
+async def test_deletes_failing_mid_prune_fail_that_namespace_with_one_reason(make_store):
+    from sidecar.pruner import FAILED
+
+    store = await make_store("s1")
+    await seed(store, "s1", points=2)
+    await put_marker(store, "s1", heartbeat=0, interval=900)
+    pruner = Pruner(lambda ns: _FailingDeletes(make_store, ns), time.time, 0.05, 0.0, 0.0, 60.0)
+    results = [await pruner.prune(ns) for ns in [n async for n in walk(await make_store(), 60.0)]]
+    assert [(r.namespace, r.outcome) for r in results] == [("s1", FAILED)]
+    assert "the store broke" in results[0].why and "Group" not in results[0].why
+
+
+def _prune_store_for(store_place, monkeypatch):
+    """prune's own factory of a namespace's store (:func:`sidecar.prune._store_for`), on this place."""
+    from functools import partial
+    from types import SimpleNamespace
+
+    from sidecar import prune
+
+    url, creds = store_place
+    for k, v in creds.items():
+        monkeypatch.setenv(k, v)
+    return partial(prune._store_for, SimpleNamespace(store_url=url), "")
+
+
+async def _store_is_there(store_place) -> bool:
+    url, creds = store_place
+    if _backend(store_place) == "directory":
+        return Path(url).exists()
+    from azure.storage.blob.aio import BlobServiceClient
+
+    async with BlobServiceClient.from_connection_string(creds["AZURE_STORAGE_CONNECTION_STRING"]) as svc:
+        return await svc.get_container_client(url.rstrip("/").rsplit("/", 1)[1]).exists()
+
+
+async def _remove_store(store_place) -> None:
+    url, creds = store_place
+    if _backend(store_place) == "directory":
+        shutil.rmtree(url)
+        return
+    from azure.storage.blob.aio import BlobServiceClient
+
+    async with BlobServiceClient.from_connection_string(creds["AZURE_STORAGE_CONNECTION_STRING"]) as svc:
+        await svc.delete_container(url.rstrip("/").rsplit("/", 1)[1])
+    with anyio.fail_after(30):  # Azure deletes a container in the background
+        while await _store_is_there(store_place):
+            await anyio.sleep(0.1)
+
+
+async def test_a_namespace_pruned_since_it_was_listed_is_skipped_untouched(make_store, store_place, monkeypatch):
+    """Two prunes at once on one store: the second reaches a namespace it listed after the first
+    pruned it. It must not mark the namespace again (a marker written into a namespace that is
+    gone, counted as pruned twice)."""
+    from sidecar.pruner import PRUNED
+
+    for name in ("s1", "s2"):
+        store = await make_store(name)
+        await seed(store, name, points=1)
+        await put_marker(store, name, heartbeat=0, interval=900)
+    listed = [n async for n in walk(await make_store(), 60.0)]
+    store_for = _prune_store_for(store_place, monkeypatch)
+    first = Pruner(store_for, time.time, 0.05, 0.0, 0.0, 60.0)
+    assert [(await first.prune(ns)).outcome for ns in listed] == [PRUNED, PRUNED]
+    second = Pruner(store_for, time.time, 0.05, 0.0, 0.0, 60.0)
+    results = [await second.prune(ns) for ns in listed]
+    assert sorted((r.namespace, r.outcome) for r in results) == [("s1", SKIPPED), ("s2", SKIPPED)], results
+    assert all("nothing was changed" in r.why for r in results), results
+    assert await keys_below(make_store, "") == []
+
+
+async def test_a_store_deleted_mid_prune_is_never_made_again(make_store, store_place, monkeypatch):
+    """The container (or the store's directory) deleted while prune runs: the namespaces left
+    fail or are skipped, none is reported pruned, and prune creates no store."""
+    from sidecar.pruner import PRUNED
+
+    for name in ("s1", "s2"):
+        store = await make_store(name)
+        await seed(store, name, points=1)
+        await put_marker(store, name, heartbeat=0, interval=900)
+    listed = [n async for n in walk(await make_store(), 60.0)]
+
+    deleted: list[str] = []
+
+    async def delete_the_store(namespace: str) -> None:  # once the first namespace is marked pending
+        if not deleted:
+            deleted.append(namespace)
+            await _remove_store(store_place)
+
+    pruner = Pruner(_prune_store_for(store_place, monkeypatch), time.time, 0.05, 0.0, 0.0, 60.0,
+                    on_pending=delete_the_store)
+    results = [await pruner.prune(ns) for ns in listed]
+    assert sorted(r.namespace for r in results) == ["s1", "s2"] and len(deleted) == 1
+    assert not [r for r in results if r.outcome == PRUNED], results
+    assert not await _store_is_there(store_place), "prune made the store again"
+
+
+class _ListingBreaks:
+    """A top store whose listing fails after its first object (a container deleted mid-walk)."""
+
+    def __init__(self, store) -> None:
+        self.store = store
+
+    async def list(self, prefix: str = ""):
+        from sidecar.store.base import StoreError
+
+        async for info in self.store.list(prefix):
+            yield info
+            raise StoreError("listing failed: the container does not exist")
+
+    def __getattr__(self, name: str):
+        return getattr(self.store, name)
+
+
+async def test_a_listing_failing_mid_prune_is_one_store_error(make_store):
+    """prune's walk failing part way is the store's failure (one line, exit 1), never an
+    exception group that the CLI reports as a bug."""
+    from sidecar import prune
+    from sidecar.namespaces import StoreClock
+    from sidecar.store.base import StoreError
+
+    store = await make_store("s1")
+    await seed(store, "s1", points=1)
+    await put_marker(store, "s1", heartbeat=0, interval=900)
+    top = _ListingBreaks(await make_store())
+    pruner = Pruner(lambda ns: _fresh(make_store, ns), time.time, 0.05, 0.0, 0.0, 60.0)
+    with pytest.raises(StoreError, match="the container does not exist"):
+        await prune._run(top, pruner, await StoreClock.of(top), prune.Tally(False), "")
+
+
+async def test_a_store_that_lists_but_cannot_read_is_one_line(make_store, store_place, tmp_path):
+    """A SAS with list permission only: sessions and prune (dry run or not) say why in one line,
+    exit 1, without the SAS."""
+    if _backend(store_place) == "directory":
+        pytest.skip("a SAS's permissions (the directory store reads whatever it lists, as root)")
+    from azure.storage.blob import ContainerSasPermissions, generate_container_sas
+
+    from tests.azurite import DEV_ACCOUNT, DEV_KEY
+
+    store = await make_store("s1")
+    await seed(store, "s1", points=1)
+    await put_marker(store, "s1", heartbeat=0, interval=900)
+    before = await keys_below(make_store, "s1")
+    url = store_place[0]
+    sas = generate_container_sas(DEV_ACCOUNT, url.rstrip("/").rsplit("/", 1)[1], account_key=DEV_KEY,
+                                 permission=ContainerSasPermissions(list=True),
+                                 expiry=datetime.now(timezone.utc) + timedelta(hours=1))
+    env = {k: v for k, v in cli_env(store_place).items() if not k.startswith("AZURE_")}
+    env["SIDECAR_STORE"] = f"{url}?{sas}"
+    for command in (("sessions",), ("prune", "--older-than", "0s", "--dry-run"), ("prune", "--older-than", "0s")):
+        r = await anyio.to_thread.run_sync(lambda c=command: run_cli(*c, cwd=tmp_path, env=env))
+        assert r.returncode == 1, (command, r.stdout, r.stderr)
+        errors = r.stderr.strip().splitlines()
+        assert len(errors) == 1 and "permission denied" in errors[0], (command, r.stderr)
+        assert "unexpected" not in errors[0] and "Group" not in errors[0], (command, r.stderr)
+        assert "sig=" not in r.stdout + r.stderr
+    assert await keys_below(make_store, "s1") == before
+
+
+async def test_a_prefix_with_nothing_below_it_is_empty(make_store, store_place, tmp_path):
+    """``SIDECAR_PREFIX`` naming a folder not made yet in an existing store (a CronJob set up
+    before the first session): nothing to prune, exit 0, and nothing made there; the store's
+    clock is read where the folder would be made, never refused as unreadable."""
+    store = await make_store("elsewhere/s1")
+    await seed(store, "s1", points=0)
+    await put_marker(store, "s1", heartbeat=0, interval=900)
+    env = cli_env(store_place, SIDECAR_PREFIX="agents")
+    for command in (("prune", "--older-than", "0s"), ("prune", "--older-than", "0s", "--dry-run"), ("sessions",)):
+        r = await anyio.to_thread.run_sync(lambda c=command: run_cli(*c, cwd=tmp_path, env=env))
+        assert r.returncode == 0, (command, r.stdout, r.stderr)
+        assert "store_clock_local" not in r.stderr, (command, r.stderr)
+    assert "pruned 0 namespaces" in r.stdout or "NAMESPACE" in r.stdout
+    if _backend(store_place) == "directory":
+        assert not (Path(store_place[0]) / "agents").exists()
+    assert await keys_below(make_store, "agents") == []
+    assert len(await keys_below(make_store, "elsewhere")) == 3
+
+
+async def test_a_namespace_holding_a_leased_blob_is_refused_untouched(make_store, store_place, tmp_path):
+    """A blob another client holds a lease on cannot be deleted (412 LeaseIdMissing): prune would
+    mark the namespace, delete the rest and stay ``deleting`` for as long as the lease. It is seen
+    in the listing and refused before anything changes."""
+    if _backend(store_place) == "directory":
+        pytest.skip("blob leases: Azure only")
+    from azure.storage.blob.aio import BlobServiceClient
+
+    store = await make_store("s1")
+    await seed(store, "s1", points=1)
+    await put_marker(store, "s1", heartbeat=0, interval=900)  # released: eligible
+    url, creds = store_place
+    async with BlobServiceClient.from_connection_string(creds["AZURE_STORAGE_CONNECTION_STRING"]) as svc:
+        blob = svc.get_container_client(url.rstrip("/").rsplit("/", 1)[1]).get_blob_client("s1/.checkpoints/b.json")
+        lease = await blob.acquire_lease(-1)
+        marker_before = await store.get(OWNER_KEY)
+        before = await keys_below(make_store, "s1")
+        r = await anyio.to_thread.run_sync(lambda: run_cli("prune", "--older-than", "0s", cwd=tmp_path,
+                                                           env=cli_env(store_place)))
+        assert r.returncode == 3, r.stdout + r.stderr
+        refused = [x for x in r.stdout.splitlines() if x.startswith("failed s1:")]
+        assert len(refused) == 1 and "leased" in refused[0] and "nothing was changed" in refused[0], r.stdout
+        marker_after = await store.get(OWNER_KEY)
+        assert (marker_after[0], marker_after[1].version) == (marker_before[0], marker_before[1].version)
+        assert await keys_below(make_store, "s1") == before
+        await lease.release()
+    r = await anyio.to_thread.run_sync(lambda: run_cli("prune", "--older-than", "0s", cwd=tmp_path,
+                                                       env=cli_env(store_place)))
+    assert r.returncode == 0 and "pruned s1 (" in r.stdout, r.stdout + r.stderr
+    assert await keys_below(make_store, "s1") == []

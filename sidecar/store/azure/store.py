@@ -18,8 +18,11 @@ the proxy by :mod:`sidecar.store.proxy` (once per store), failures said by
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import dataclasses
 import hashlib
+import itertools
 import os
 import re
 from datetime import datetime
@@ -350,7 +353,11 @@ class AzureBlobStore:
         md = props.metadata or {}
         if str(md.get("hdi_isfolder", "")).lower() == "true":
             return None
-        return self._info(name[cut:], props.size, md, props.etag, props.last_modified)
+        info = self._info(name[cut:], props.size, md, props.etag, props.last_modified)
+        lease = getattr(props, "lease", None)
+        if lease is not None and str(getattr(lease, "status", "")).lower() == "locked":
+            return dataclasses.replace(info, leased=True)
+        return info
 
     # -- interface -----------------------------------------------------------------------------
     async def open(self) -> None:
@@ -453,10 +460,12 @@ class AzureBlobStore:
             raise self._cut_short(key)
         return data, self._info(key, len(data), props.metadata, props.etag, props.last_modified)
 
-    async def get_stream(self, key: str) -> tuple[ObjectInfo, AsyncIterator[bytes]]:
+    async def get_stream(self, key: str, read_ahead: int = 0) -> tuple[ObjectInfo, AsyncIterator[bytes]]:
         downloader = await self._download(key)
         props = downloader.properties
         info = self._info(key, props.size, props.metadata, props.etag, props.last_modified)
+        if read_ahead > 0 and props.size > CHUNK_BYTES:
+            return info, self._ranges(key, downloader, read_ahead)
 
         async def chunks() -> AsyncIterator[bytes]:
             got = 0
@@ -470,6 +479,46 @@ class AzureBlobStore:
                 raise self._cut_short(key)
 
         return info, chunks()
+
+    async def _ranges(self, key: str, downloader: Any, window: int) -> AsyncIterator[bytes]:
+        """The blob's chunks, in order, with up to ``window`` ranged GETs of the next ones in
+        flight while one is consumed (each pinned to the ETag the first answer carried: a blob
+        rewritten meanwhile fails the read). The first chunk is the first answer's own bytes."""
+        props = downloader.properties
+        blob = self._container_client().get_blob_client(self._name(key))
+
+        async def fetch(offset: int) -> bytes:
+            length = min(CHUNK_BYTES, props.size - offset)
+            d = await blob.download_blob(offset=offset, length=length, etag=props.etag,
+                                         match_condition=MatchConditions.IfNotModified, max_concurrency=1)
+            data = await d.readall()
+            if len(data) != length:
+                raise self._cut_short(key)
+            return data
+
+        offsets = iter(range(CHUNK_BYTES, props.size, CHUNK_BYTES))
+        inflight: list[asyncio.Task[bytes]] = []
+        try:
+            try:
+                first = await downloader.chunks().__anext__()  # bytes of the answer already read: no request
+            except AzureError as e:
+                raise self._download_failed(e, key) from None
+            if len(first) != CHUNK_BYTES:
+                raise self._cut_short(key)
+            inflight = [asyncio.ensure_future(fetch(o)) for o in itertools.islice(offsets, window)]
+            yield first
+            while inflight:
+                try:
+                    chunk = await inflight.pop(0)
+                except AzureError as e:
+                    raise self._download_failed(e, key) from None
+                if (nxt := next(offsets, None)) is not None:
+                    inflight.append(asyncio.ensure_future(fetch(nxt)))
+                yield chunk
+        finally:  # closed early or failed: nothing left running
+            for t in inflight:
+                t.cancel()
+            await asyncio.gather(*inflight, return_exceptions=True)
 
     async def _download(self, key: str) -> Any:
         """Start downloading ``key``: the SDK's downloader, holding the properties."""
@@ -548,6 +597,20 @@ class AzureBlobStore:
             return False
         except AzureError as e:
             raise self._error(e, f"deleting {key!r}") from None
+        return True
+
+    async def exists(self) -> bool:
+        """Whether the container is there: one listing page of one blob (a SAS scoped to the
+        container may list but not read the container's properties)."""
+        try:
+            async for _ in self._container_client().list_blobs(results_per_page=1).by_page():
+                break
+        except ResourceNotFoundError as e:
+            if error_code(e) == "ContainerNotFound":
+                return False
+            raise self._error(e, "looking for the container") from None
+        except AzureError as e:
+            raise self._error(e, "looking for the container") from None
         return True
 
     async def now(self) -> float:
