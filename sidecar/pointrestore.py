@@ -20,6 +20,7 @@ from __future__ import annotations
 import datetime
 import errno
 import math
+import re
 from dataclasses import dataclass
 from typing import AsyncIterator, Awaitable, Callable
 
@@ -64,6 +65,10 @@ from sidecar.tarstream import BLOCK, member_header, pad
 #: while the store is listed (each held open, a chunk buffered, until the listing ends); the
 #: others are read once it has ended, only those that should hold a listed file's version.
 MAX_INCREMENTS_READ = 7
+#: Chunks (CHUNK_BYTES each) fetched ahead while a point is read: the next chunk arrives while
+#: one is written out (more in flight gained nothing measurable, and each costs a chunk of
+#: memory per open point: (1 + 1) x (1 + MAX_INCREMENTS_READ) chunks at most).
+READ_AHEAD = 1
 #: Files up to this size are written on the event loop (as the restorer does).
 INLINE_WRITE_MAX = 256 * 1024
 
@@ -123,10 +128,11 @@ def least_size(header: PointHeader) -> int:
             + sum(_member_bytes(e.key, e.written.size, e.written.mode, e.written.mtime_ns) for e in header.files()))
 
 
-async def open_point(store: Store, name: PointName) -> Opened:
+async def open_point(store: Store, name: PointName, read_ahead: int = 0) -> Opened:
     """One GET: the point's stream, its header read and checked against its name and against the
-    object's size (PointError: unusable)."""
-    info, chunks = await store.get_stream(name.key)
+    object's size (PointError: unusable). ``read_ahead``: chunks fetched ahead as it is read
+    (:meth:`~sidecar.store.base.Store.get_stream`)."""
+    info, chunks = await store.get_stream(name.key, read_ahead)
     reader = PointReader(chunks)
     try:
         header = await reader.header(name)
@@ -195,7 +201,7 @@ class PointFeed:
                 self.unread = {p.seq: p for p in chain[1:] if p not in chosen}
                 try:
                     for name in chosen:
-                        self.opened.append(await open_point(self.store, name))
+                        self.opened.append(await open_point(self.store, name, READ_AHEAD))
                     break
                 except (PointError, NotFound) as e:  # (NotFound: deleted by retention since listed)
                     _unusable(name, e)
@@ -250,7 +256,7 @@ class PointFeed:
             async with limit:
                 name = self.unread[seq]
                 try:
-                    opened = await open_point(self.store, name)
+                    opened = await open_point(self.store, name, READ_AHEAD)
                 except (PointError, StoreError) as e:
                     _unusable(name, e)
                     return
@@ -367,9 +373,11 @@ async def restore_as_of(store: Store, roots: list[Root], when: float | None, ago
     try:
         for name in reversed(chosen):  # newest first: each key's newest entry decides it
             try:
-                opened = await open_point(store, name)
+                opened = await open_point(store, name, READ_AHEAD)
             except (PointError, NotFound) as e:
-                raise AsOfError(f"restore point {name.key} is unreadable: {e}") from None
+                raise AsOfError(f"restore point {name.key} is unreadable: {e}{_again(started)}") from None
+            except StoreError as e:
+                raise AsOfError(f"cannot read restore point {name.key}: {_once(e)}{_again(started)}") from None
             try:
                 fresh = {e.key for e in opened.header.entries if e.key not in decided}
                 decided |= fresh
@@ -377,8 +385,10 @@ async def restore_as_of(store: Store, roots: list[Root], when: float | None, ago
                     if entry.key in fresh:
                         await _place_as_of(entry, body, by_name, started, dirs, result)
             except PointError as e:
-                raise AsOfError(f"restore point {name.key} is unreadable: {e} (the roots keep their restore "
-                                "marker: restore again)") from None
+                raise AsOfError(f"restore point {name.key} is unreadable: {e}{_again(started)}") from None
+            except StoreError as e:  # (on Azure: the point changed while it was read)
+                raise AsOfError(f"restore point {name.key} could not be read to its end: {_once(e)}"
+                                f"{_again(started)}") from None
             finally:
                 await close_stream(opened.chunks)
     finally:
@@ -395,6 +405,20 @@ async def restore_as_of(store: Store, roots: list[Root], when: float | None, ago
                         detail="the next start takes this root for a new disk and merges it from the store")
         clear_restoring(root)
     return result
+
+
+def _again(started: dict[str, Root]) -> str:
+    """What an as-of restore that failed after placing files leaves, and how to finish it (a
+    plain rerun is refused: the roots hold files)."""
+    if not started:
+        return ""
+    return (" (the roots keep their restore marker and the files placed so far: run it again with "
+            "--force-restore)")
+
+
+def _once(e: StoreError) -> str:
+    """A store error's text for a command that does not retry it (no "will retry")."""
+    return re.sub(r";? will retry( later)?$", "", str(e))
 
 
 async def _place_as_of(entry: PointEntry, body: AsyncIterator[bytes], by_name: dict[str, Root],
@@ -418,8 +442,8 @@ async def _place_as_of(entry: PointEntry, body: AsyncIterator[bytes], by_name: d
     m = entry.written
     try:
         if m.size <= INLINE_WRITE_MAX:
-            data = b"".join([chunk async for chunk in body])
-            write_restored(root, parts, data, m.mtime_ns, m.mode, m.sha256, dirs)
+            data = b"".join([chunk async for chunk in body])  # checked against m.sha256 as it arrived
+            write_restored(root, parts, data, m.mtime_ns, m.mode, None, dirs)
         else:
             await write_streamed(root, parts, body, ObjectInfo(entry.key, m.size, m.sha256, m.mtime_ns, m.mode),
                                  m.sha256)

@@ -53,12 +53,14 @@ class RestoreTemp:
     sets mode and mtime and renames it over the target; :meth:`abort` leaves nothing behind.
     Blocking; a large file is written a chunk at a time, so it is never held whole."""
 
-    def __init__(self, root: Root, parts: list[str], dirs: OpenDirs | None = None) -> None:
+    def __init__(self, root: Root, parts: list[str], dirs: OpenDirs | None = None, hashed: bool = True) -> None:
+        """``hashed=False``: the caller has checked the bytes already (:meth:`finish` is then
+        given no sha256)."""
         self.parts = parts
         self._own_dfd = dirs is None
         self.dfd = dirs.get(root, parts[:-1]) if dirs is not None else open_dir_nofollow(root.path, parts[:-1], create=True)
         self.tmp = RESTORE_TMP_PREFIX + secrets.token_hex(6)
-        self.digest = hashlib.sha256()
+        self.digest = hashlib.sha256() if hashed else None
         try:
             self.fd = os.open(self.tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
                               dir_fd=self.dfd)
@@ -67,7 +69,8 @@ class RestoreTemp:
             raise
 
     def write(self, data: bytes) -> None:
-        self.digest.update(data)
+        if self.digest is not None:
+            self.digest.update(data)
         view = memoryview(data)
         while view:
             n = os.write(self.fd, view)
@@ -75,7 +78,7 @@ class RestoreTemp:
 
     def finish(self, mtime_ns: int, mode: int, sha256: str | None) -> None:
         try:
-            if sha256 is not None and self.digest.hexdigest() != sha256:
+            if sha256 is not None and (self.digest is None or self.digest.hexdigest() != sha256):
                 raise ChecksumMismatch("/".join(self.parts))
             os.fchmod(self.fd, safe_mode(mode))
             if 0 <= mtime_ns < MAX_MTIME_NS:  # a stored value out of range: the file keeps the time of now
@@ -111,10 +114,11 @@ def write_restored(root: Root, parts: list[str], data: bytes, mtime_ns: int, mod
                    sha256: str | None = None, dirs: OpenDirs | None = None) -> None:
     """Place one restored file atomically: checked against ``sha256`` (when known), written to a
     temp file in the target directory, mode and mtime set, renamed over the target. Nothing is left
-    behind on failure (a full disk included). ``dirs`` keeps the directories open between calls."""
+    behind on failure (a full disk included). ``dirs`` keeps the directories open between calls.
+    ``sha256=None``: the bytes were checked already (an archive's reader checks each entry)."""
     if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
         raise ChecksumMismatch("/".join(parts))
-    temp = RestoreTemp(root, parts, dirs)
+    temp = RestoreTemp(root, parts, dirs, hashed=False)
     try:
         temp.write(data)
     except BaseException:

@@ -318,8 +318,8 @@ class _Restore:
         self.progress.expect(m.size)
         try:
             if m.size <= INLINE_WRITE_MAX:
-                data = b"".join([chunk async for chunk in body])
-                write_restored(root, parts, data, m.mtime_ns, m.mode, m.sha256, self.dirs)
+                data = b"".join([chunk async for chunk in body])  # checked against m.sha256 as it arrived
+                write_restored(root, parts, data, m.mtime_ns, m.mode, None, self.dirs)
                 if name := generated_name(data):
                     self.result.generated_names.add(name)
             else:

@@ -163,7 +163,10 @@ class TarReader:
 
     def __init__(self, chunks: AsyncIterator[bytes], what: str, error: type[Exception]) -> None:
         self._chunks = chunks
+        # The unread bytes are self._buf[self._pos:]: a read advances the position rather than
+        # copying the rest of a (megabytes) chunk, so every byte is copied once.
         self._buf = b""
+        self._pos = 0
         self._eof = False
         self.what = what
         self._error = error
@@ -181,23 +184,25 @@ class TarReader:
         except StopAsyncIteration:
             self._eof = True
             return False
-        self._buf += chunk
+        self._buf = self._buf[self._pos:] + chunk if self._pos < len(self._buf) else chunk
+        self._pos = 0
         return True
+
+    def _left(self) -> int:
+        return len(self._buf) - self._pos
 
     async def read(self, n: int) -> bytes:
         """Exactly ``n`` bytes."""
-        while len(self._buf) < n:
+        while self._left() < n:
             if not await self.fill():
                 raise self.fail("cut short")
-        out, self._buf = self._buf[:n], self._buf[n:]
-        return out
+        return self.take(n)
 
     async def some(self, n: int) -> bytes:
         """Between 1 and ``n`` bytes (whatever is buffered, or the next chunk)."""
-        if not self._buf and not await self.fill():
+        if not self._left() and not await self.fill():
             raise self.fail("cut short")
-        out, self._buf = self._buf[:n], self._buf[n:]
-        return out
+        return self.take(n)
 
     async def next_member(self) -> tuple[str, int]:
         """The name and size of the next tar member (a pax header before it applied); only
@@ -255,22 +260,26 @@ class TarReader:
     async def end(self, min_blocks: int = 1) -> None:
         """The end-of-archive blocks: zeros, to the end, at least ``min_blocks`` of them."""
         seen = 0
-        while self._buf or await self.fill():
-            if self._buf.count(0) != len(self._buf):
+        while self._left() or await self.fill():
+            rest = self.take(self._left())
+            if rest.count(0) != len(rest):
                 raise self.fail("bytes beyond its entries")
-            seen += len(self._buf)
-            self._buf = b""
+            seen += len(rest)
         if seen < min_blocks * BLOCK:
             raise self.fail("cut short")
 
     @property
     def buffered(self) -> bytes:
-        return self._buf
+        return self._buf[self._pos:]
 
     def take(self, n: int) -> bytes:
-        """The first ``n`` buffered bytes, consumed."""
-        out, self._buf = self._buf[:n], self._buf[n:]
-        return out
+        """The first ``n`` buffered bytes (at most), consumed."""
+        start = self._pos
+        self._pos = min(start + n, len(self._buf))
+        if start == 0 and self._pos == len(self._buf):
+            out, self._buf, self._pos = self._buf, b"", 0  # the whole chunk: no copy
+            return out
+        return self._buf[start:self._pos]
 
 
 def load_header(raw: bytes, max_entries: int, what: str, error: type[Exception]) -> object:

@@ -77,9 +77,9 @@ class Counting:
         self.calls.append(("get", key))
         return await self.store.get(key)
 
-    async def get_stream(self, key: str) -> Any:
+    async def get_stream(self, key: str, read_ahead: int = 0) -> Any:
         self.calls.append(("get", key))
-        return await self.store.get_stream(key)
+        return await self.store.get_stream(key, read_ahead)
 
     def list(self, prefix: str = "") -> Any:
         self.calls.append(("list", prefix))

@@ -11,6 +11,7 @@ stops with exit 0, and a restore into an empty directory gives back the disk byt
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import threading
@@ -63,7 +64,10 @@ def test_soak_random_workload_ends_byte_exact(kind, tmp_path, request):
             wait_converged_azure(target, cps, 90)
         wait_for(lambda: metrics(base)["checkpoint_sidecar_pending_paths"] == 0, 30, "nothing pending")
         m = metrics(base)
-        failures = [e for e in sc.events() if e.get("level") in ("warning", "error")]
+        # the failures first (reconcile's findings are warnings too, and many)
+        failures = "\n".join(json.dumps(e) for e in sorted(
+            (e for e in sc.events() if e.get("level") in ("warning", "error")),
+            key=lambda e: e.get("event") == "reconcile_found_changes")[:5])  # whole, not cut short
         assert m.get("checkpoint_sidecar_failures_total{kind=internal}", 0) == 0, failures
         assert m.get("checkpoint_sidecar_failures_total{kind=store}", 0) == 0, failures
         files = disk_tree(cps)
@@ -140,7 +144,10 @@ def test_contended_names_converge_with_nothing_left_pending(tmp_path):
         wait_for(lambda: store_tree(store) == disk_tree(cps), 60, "the store to match the disk")
         wait_for(lambda: metrics(base)["checkpoint_sidecar_pending_paths"] == 0, 30, "nothing pending")
         m = metrics(base)
-        failures = [e for e in sc.events() if e.get("level") in ("warning", "error")]
+        # the failures first (reconcile's findings are warnings too, and many)
+        failures = "\n".join(json.dumps(e) for e in sorted(
+            (e for e in sc.events() if e.get("level") in ("warning", "error")),
+            key=lambda e: e.get("event") == "reconcile_found_changes")[:5])  # whole, not cut short
         assert m.get("checkpoint_sidecar_failures_total{kind=internal}", 0) == 0, failures
         assert m.get("checkpoint_sidecar_failures_total{kind=store}", 0) == 0, failures
         assert sc.stop() == 0, sc.log()[-3000:]

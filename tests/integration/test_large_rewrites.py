@@ -29,7 +29,7 @@ def check_blob(data: bytes) -> int:
     return n
 
 
-@pytest.mark.parametrize("commit", ["per-file", "snapshot"])
+@pytest.mark.parametrize("commit", ["per-file", pytest.param("snapshot", marks=pytest.mark.slow)])
 def test_growing_file_rewritten_ten_times_a_second(work, commit):
     work, store = work
     state = work / "state" / "state_stores"

@@ -206,3 +206,80 @@ async def test_a_long_chain_reads_only_the_increments_that_hold_listed_files(mak
     read = [int(k.rsplit("/", 1)[1].split("-", 1)[0]) for k in counting.gets(".sidecar/points/")]
     # the full, the 7 newest increments, and the first (the only older one that holds a listed file)
     assert read == [100, 1005, *range(1035, 1100, 10)]
+
+
+async def test_a_rotten_object_that_a_point_holds_is_restored_from_the_point(make_store, tmp_path):
+    """An object whose stored bytes no longer hash to its recorded sha256, at the version a point
+    holds, is never fetched: its file comes from the point, verified."""
+    store = await make_store()
+    await seed(store, 6)
+    latest = await stored(store)
+    await write_point(store, 100)
+    key = f"{ROOT}/d1/4.json"
+    info = (await objects(store))[key]
+    rotten = bytes(b ^ 0xFF for b in latest[key])
+    await store.put(key, rotten, ObjectMeta(len(rotten), info.sha256, info.mtime_ns, info.mode, info.version))
+    assert (await store.get(key))[0] == rotten  # the store holds the rot under the old digest
+
+    counting = Counting(store)
+    root = root_in(tmp_path)
+    _, result = await restore(counting, [root])
+    assert tree(Path(root.path)) == latest and result.from_points == len(latest)
+    assert counting.gets(ROOT) == []
+
+
+class _ChangesMidRead:
+    """The point ``key`` changes while it is read: its second read (the first is the header check)
+    fails after its first chunk, as Azure's ranged GET pinned to the first answer's ETag does."""
+
+    def __init__(self, store, key: str) -> None:
+        self.store, self.key, self.reads = store, key, 0
+
+    async def get_stream(self, key: str, read_ahead: int = 0):
+        from sidecar.store.base import TransientStoreError
+
+        info, chunks = await self.store.get_stream(key, read_ahead)
+        if key != self.key:
+            return info, chunks
+        self.reads += 1
+        if self.reads != 2:
+            return info, chunks
+
+        async def broken():
+            try:
+                async for chunk in chunks:
+                    yield chunk
+                    raise TransientStoreError(f"downloading {key!r} failed: the blob changed while it was read "
+                                              "(412 ConditionNotMet); will retry")
+            finally:
+                await chunks.aclose()
+
+        return info, broken()
+
+    def __getattr__(self, name: str):
+        return getattr(self.store, name)
+
+
+async def test_as_of_cut_off_by_the_store_says_how_to_finish_it(make_store, tmp_path):
+    """A point that cannot be read to its end once files are placed (it changed meanwhile): one
+    AsOfError that says the roots keep what was placed and to run it again with --force-restore
+    (a plain rerun is refused: the roots hold files), never the daemon's "will retry"; that
+    rerun gives exactly the tree."""
+    store = await make_store()
+    await put(store, f"{ROOT}/a.json", b"first", 1)
+    await put(store, f"{ROOT}/b.bin", os.urandom(5 * 1024 * 1024), 2)  # past the point's first chunk
+    expected = await stored(store)
+    full = await write_point(store, 100)
+    [key] = [i.key async for i in store.list(".sidecar/points/")]
+    root = root_in(tmp_path)
+    lineage = Lineage(store.description, "", 0)
+    with pytest.raises(AsOfError) as failed:
+        await restore_as_of(_ChangesMidRead(store, key), [root], full.modified, None, force=False, lineage=lineage)
+    said = str(failed.value)
+    assert "--force-restore" in said and "will retry" not in said and "changed while it was read" in said, said
+    assert (Path(root.path) / ".sidecar-restoring").exists()
+    with pytest.raises(AsOfError, match="hold files"):
+        await restore_as_of(store, [root], full.modified, None, force=False, lineage=lineage)
+    await restore_as_of(store, [root], full.modified, None, force=True, lineage=lineage)
+    assert tree(Path(root.path)) == expected
+    assert not (Path(root.path) / ".sidecar-restoring").exists()
