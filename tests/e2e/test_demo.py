@@ -1,7 +1,7 @@
 """``scripts/demo`` from a fresh clone: the control fails, the sidecar's restore brings the paused
 workflow back, the continuation completes, and the temporary store is gone afterwards.
 
-The clone holds only committed files; the demo reuses this checkout's venvs (``DEMO_VENV``,
+The clone holds only committed files; the demo reuses this checkout's venvs (``.venv`` linked in,
 ``AGENT_VENV_ISSUE``), so nothing is installed.
 """
 
@@ -30,8 +30,9 @@ def test_demo_from_a_fresh_clone(tmp_path: Path):
     agent_python = Path(ensure_venv("issue"))
     clone = tmp_path / "clone"
     subprocess.run(["git", "clone", "-q", str(REPO_ROOT), str(clone)], check=True, timeout=120)
-    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("SIDECAR_") and k != "PYTHONPATH"}
-    env.update(DEMO_VENV=str(venv), AGENT_VENV_ISSUE=str(agent_python.parent.parent))
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("SIDECAR_") and k not in ("PYTHONPATH", "DEMO_VENV")}
+    (clone / ".venv").symlink_to(venv)  # the default, as on a fresh clone once installed: DEMO_VENV unset
+    env.update(AGENT_VENV_ISSUE=str(agent_python.parent.parent))
     proc = subprocess.run([str(clone / "scripts" / "demo")], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=300)
     out = proc.stdout
