@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -68,11 +69,23 @@ def pinned_version(stack: str, dist: str = HOSTING_DIST) -> str | None:
     return None
 
 
+def cache_root() -> Path:
+    """Where the project's environments are cached, outside the clone (``scripts/lib/env.sh``'s
+    ``CACHE_ROOT``): ``$SIDECAR_CACHE``, else ``$XDG_CACHE_HOME`` or ``~/.cache``, ``/checkpoint-sidecar``."""
+    explicit = os.environ.get("SIDECAR_CACHE")
+    if explicit:
+        return Path(explicit)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "checkpoint-sidecar"
+
+
 def venv_dir(stack: str) -> Path:
+    """``$AGENT_VENV_<STACK>``, else the cached venv keyed by the stack's constraints file (as
+    ``scripts/lib/env.sh``'s ``agent_venv`` names it)."""
     override = os.environ.get(f"AGENT_VENV_{stack.upper()}")
     if override:
         return Path(override).expanduser().resolve()
-    return REPO_ROOT / ".cache" / f"agent-{stack}"
+    digest = hashlib.sha256(constraints_file(stack).read_bytes()).hexdigest()[:12]
+    return cache_root() / f"agent-{stack}-{digest}"
 
 
 def _venv_python(venv: Path) -> Path:
@@ -93,7 +106,7 @@ def ensure_venv(stack: str) -> str:
     """Path of the python of the ``stack`` agent venv ("issue" or "latest"); builds it if missing.
 
     ``AGENT_VENV_ISSUE`` / ``AGENT_VENV_LATEST`` point at an existing (or to-be-created) venv;
-    the default is ``<repo>/.cache/agent-<stack>``. A missing venv is created with
+    the default is :func:`venv_dir`'s cached one. A missing venv is created with
     ``python -m venv`` and ``pip install -r tests/agent_stacks/constraints-<stack>.txt``
     under a file lock, so concurrent test processes build it once.
     """
@@ -104,7 +117,10 @@ def ensure_venv(stack: str) -> str:
     venv.parent.mkdir(parents=True, exist_ok=True)
     with open(venv.parent / f".{venv.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not python.exists():
+        # a venv this harness or scripts/demo built is marked once whole; one named by
+        # AGENT_VENV_<STACK> is the caller's, never removed while it has a python
+        given = bool(os.environ.get(f"AGENT_VENV_{stack.upper()}")) and python.exists()
+        if not given and not (venv / ".installed").exists():
             if venv.exists():
                 shutil.rmtree(venv)  # a half-built venv from an interrupted run
             subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
@@ -119,6 +135,7 @@ def ensure_venv(stack: str) -> str:
                     f"could not build the {stack!r} agent venv at {venv} from {constraints}:\n"
                     f"{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
                 )
+            (venv / ".installed").touch()
     have = _installed_version(python)
     if have != want:
         raise RuntimeError(

@@ -42,6 +42,9 @@ DEV_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFP
 
 _MAIN_JS = os.path.join("node_modules", "azurite", "dist", "src", "blob", "main.js")
 
+#: The pinned Azurite (scripts/lib/env.sh installs it into the cache).
+AZURITE_VERSION = "3.35.0"
+
 
 class AzuriteUnavailable(RuntimeError):
     """No Azurite install (or no node) to start."""
@@ -59,7 +62,10 @@ def connection_string(blob_url: str, account: str = DEV_ACCOUNT, key: str = DEV_
 def find_azurite_command() -> list[str]:
     """The argv prefix that runs Azurite's blob service; :class:`AzuriteUnavailable` if none."""
     explicit = os.environ.get("AZURITE_BLOB_BIN")
-    candidates = [explicit] if explicit else [os.path.join(REPO, ".cache", "azurite", _MAIN_JS)]
+    cache = os.environ.get("SIDECAR_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "checkpoint-sidecar")
+    candidates = [explicit] if explicit else [os.path.join(cache, f"azurite-{AZURITE_VERSION}", _MAIN_JS),
+                                              os.path.join(REPO, ".cache", "azurite", _MAIN_JS)]
     for path in candidates:
         if path and os.path.exists(path):
             if path.endswith(".js"):
@@ -70,7 +76,7 @@ def find_azurite_command() -> list[str]:
             return [path]
     raise AzuriteUnavailable(
         "Azurite not found: set AZURITE_BLOB_URL to a running instance, AZURITE_BLOB_BIN to its "
-        f"blob main.js, or install it under .cache/azurite ({candidates[0]})"
+        f"blob main.js, or install it with scripts/test ({candidates[0]})"
     )
 
 

@@ -9,3 +9,11 @@ def work(tmp_path):
     w = tmp_path / "work"
     w.mkdir()
     return w, tmp_path / "store"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (``--dist loadgroup``) the Podman tests share one worker: they share
+    images built once per session and the tags they build."""
+    for item in items:
+        if item.get_closest_marker("containers"):
+            item.add_marker(pytest.mark.xdist_group("podman"))

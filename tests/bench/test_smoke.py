@@ -11,6 +11,7 @@ from support import REPO
 pytestmark = pytest.mark.slow  # whole benchmark runs: not in the fast suite
 
 
+@pytest.mark.nightly  # a whole benchmark run
 def test_bench_quick_runs_and_writes_results():
     r = subprocess.run([sys.executable, "bench/run.py", "--quick", "--only", "latency,burst,restore,scaling"],
                        cwd=REPO, capture_output=True, text=True, timeout=600)

@@ -6,7 +6,6 @@ Its size (total and above the base image) is printed in the "container images" s
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
@@ -81,10 +80,8 @@ def test_sync_serves_probes_and_stops_cleanly_on_sigterm(podman, sidecar_image, 
     assert c.exec("cat", "/proc/1/cmdline").stdout.split("\0")[1:3] == ["/opt/checkpoint-sidecar/bin/checkpoint-sidecar", "sync"]
 
     c.exec("sh", "-c", "mkdir -p /app/.checkpoints/resp_1 && echo '{\"x\": 1}' > /app/.checkpoints/resp_1/a.json")
-    t0 = time.monotonic()
     run([podman, "stop", "-t", "30", c.name], timeout=60)
-    stopped_after = time.monotonic() - t0
+    # 0, not 137: SIGTERM was handled (an unhandled one ends in SIGKILL after the 30 s)
     assert c.inspect("{{.State.ExitCode}}") == "0", c.logs()
-    assert stopped_after < 15, f"stop took {stopped_after:.1f}s (SIGTERM not handled?)\n{c.logs()}"
     stored = run([podman, "cp", f"{c.name}:/home/sidecar/store/.checkpoints/resp_1/a.json", "-"]).stdout
     assert "a.json" in stored  # `podman cp ... -` writes a tar stream that names the file

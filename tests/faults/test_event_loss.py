@@ -22,7 +22,7 @@ import pytest
 from support import disk_tree, store_tree, wait_for, write_atomic
 from tests.faults.faultkit import events, metrics, start_with_http
 
-pytestmark = pytest.mark.faults
+pytestmark = [pytest.mark.faults, pytest.mark.hostwide]
 
 QUEUE = "/proc/sys/fs/inotify/max_queued_events"
 

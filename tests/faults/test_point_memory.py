@@ -21,7 +21,7 @@ from sidecar.store.directory import DirectoryStore
 from support import json_lines, sidecar_env
 from tests.faults.test_large_files import run_measured
 
-pytestmark = [pytest.mark.faults, pytest.mark.slow]
+pytestmark = [pytest.mark.faults, pytest.mark.nightly]  # a peak-RSS figure at 1 GiB
 
 MIB = 1 << 20
 LIMIT_MIB = 100

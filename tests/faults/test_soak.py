@@ -1,8 +1,9 @@
 """Soak: a bounded, seeded random workload against a running sidecar, on both stores.
 
 Writes, atomic replaces, in-place rewrites, deletes, renames of files and moves/removals of whole
-context directories across nested ``user*/ctx*`` directories, for ``SOAK_SECONDS`` per store
-(default 30, so about a minute for both). The sequence of operations depends only on
+context directories across nested ``user*/ctx*`` directories: a number of operations per store
+(``SOAK_STEPS``, 3,000 in CI; the ``nightly`` run does 60,000), never a number of seconds, so the
+verdict does not depend on the machine's speed. The sequence of operations depends only on
 ``SOAK_SEED`` (default 8); timing varies from run to run, which is the point.
 
 Checked: the store ends byte-exact with the disk, nothing is left pending or failed, the sidecar
@@ -15,7 +16,6 @@ import json
 import os
 import random
 import threading
-import time
 
 import pytest
 
@@ -24,12 +24,14 @@ from tests.faults.faultkit import Background, Workload, metrics, new_target, sta
 
 pytestmark = pytest.mark.faults
 
-SOAK_SECONDS = float(os.environ.get("SOAK_SECONDS", "90"))
+SOAK_STEPS = int(os.environ.get("SOAK_STEPS", "3000"))
+NIGHTLY_STEPS = 60_000
 SOAK_SEED = int(os.environ.get("SOAK_SEED", "8"))
 
 
+@pytest.mark.parametrize("steps", [SOAK_STEPS, pytest.param(NIGHTLY_STEPS, marks=pytest.mark.nightly)])
 @pytest.mark.parametrize("kind", ["directory", pytest.param("azure", marks=pytest.mark.azure)])
-def test_soak_random_workload_ends_byte_exact(kind, tmp_path, request):
+def test_soak_random_workload_ends_byte_exact(kind, steps, tmp_path, request):
     work = tmp_path / "work"
     cps = work / ".checkpoints"
     cps.mkdir(parents=True)
@@ -44,6 +46,8 @@ def test_soak_random_workload_ends_byte_exact(kind, tmp_path, request):
     pace = threading.Event()
 
     def step():
+        if load.progress >= steps:
+            return False
         load.step()
         if pace_rng.random() < 0.3:  # bursts and pauses
             pace.wait(pace_rng.uniform(0, 0.02))
@@ -52,12 +56,12 @@ def test_soak_random_workload_ends_byte_exact(kind, tmp_path, request):
     try:
         w = Background(step)
         w.start()
-        end = time.monotonic() + SOAK_SECONDS
         max_pending = 0.0
-        while time.monotonic() < end and w.is_alive():
+        while w.is_alive():  # until the workload has done its steps
             max_pending = max(max_pending, metrics(base)["checkpoint_sidecar_pending_paths"])
-            pace.wait(0.5)  # sampling pace
+            w.join(0.5)  # sampling pace
         w.stop()
+        assert load.progress == steps
         if target is None:
             wait_for(lambda: store_tree(tmp_path / "store") == disk_tree(cps), 60, "the store to match the disk")
         else:
@@ -71,7 +75,7 @@ def test_soak_random_workload_ends_byte_exact(kind, tmp_path, request):
         assert m.get("checkpoint_sidecar_failures_total{kind=internal}", 0) == 0, failures
         assert m.get("checkpoint_sidecar_failures_total{kind=store}", 0) == 0, failures
         files = disk_tree(cps)
-        print(f"\n{kind}: seed {SOAK_SEED}, {load.progress} operations in {SOAK_SECONDS:g}s {dict(sorted(load.counts.items()))}, "
+        print(f"\n{kind}: seed {SOAK_SEED}, {load.progress} operations {dict(sorted(load.counts.items()))}, "
               f"{len(files)} files at the end, max pending {max_pending:.0f}, "
               f"{m['checkpoint_sidecar_uploaded_files_total']:.0f} uploads, "
               f"{m['checkpoint_sidecar_deleted_files_total']:.0f} deletes, "
@@ -90,13 +94,13 @@ def test_soak_random_workload_ends_byte_exact(kind, tmp_path, request):
             target.drop()
 
 
-def _contend(root, seed: int, stop: threading.Event) -> None:
-    """One writer of four on the same few names: writes, atomic replaces, deletes, renames, and
-    whole directories emptied and removed, so that paths are deleted and written again while
-    their earlier operations are still queued or running."""
+def _contend(root, seed: int, steps: int) -> None:
+    """One writer of four on the same few names, for ``steps`` operations: writes, atomic
+    replaces, deletes, renames, and whole directories emptied and removed, so that paths are
+    deleted and written again while their earlier operations are still queued or running."""
     rng = random.Random(seed)
     dirs = [root / f"u{i % 2}" / f"ctx{i}" for i in range(4)]
-    while not stop.is_set():
+    for _ in range(steps):
         d = rng.choice(dirs)
         name = d / f"f{rng.randrange(20)}.json"
         op = rng.random()
@@ -133,12 +137,9 @@ def test_contended_names_converge_with_nothing_left_pending(tmp_path):
     store = tmp_path / "store"
     sc, base = start_with_http(work, "--store", str(store), "--reconcile-interval", "2", env=sidecar_env())
     try:
-        stop = threading.Event()
-        writers = [threading.Thread(target=_contend, args=(cps, SOAK_SEED + i, stop)) for i in range(4)]
+        writers = [threading.Thread(target=_contend, args=(cps, SOAK_SEED + i, SOAK_STEPS // 2)) for i in range(4)]
         for t in writers:
             t.start()
-        stop.wait(min(SOAK_SECONDS, 15))  # the workload's length
-        stop.set()
         for t in writers:
             t.join()
         wait_for(lambda: store_tree(store) == disk_tree(cps), 60, "the store to match the disk")

@@ -1,8 +1,11 @@
-"""Storage outage: Azurite stopped for a while (20 s by default) while the host keeps writing.
+"""Storage outage: Azurite stopped while the host keeps writing, for a number of writes
+(``OUTAGE_WRITES``, 600) and at least until the sidecar has reported the outage and retried: the
+outage is bounded by counts and events, never by seconds.
 
 Checked: the backlog drains once the store is back and the store ends byte-exact with the disk;
-memory stays bounded (pending work is coalesced per path: ``checkpoint_sidecar_pending_paths``
-never exceeds the number of distinct paths written; RSS stays modest); the degraded period shows in
+memory stays bounded by the product's own accounting (pending work is coalesced per path:
+``checkpoint_sidecar_pending_paths`` never exceeds the number of distinct paths written; RSS is
+printed, not asserted: bench/ measures it); the degraded period shows in
 ``/metrics`` (``store_degraded`` 1, failures and retries counted) and in the ``/readyz`` body, while
 ``/readyz`` itself stays 200 (see docs/RELIABILITY.md for why).
 """
@@ -30,9 +33,7 @@ from tests.faults.faultkit import (
 
 pytestmark = [pytest.mark.faults, pytest.mark.azure]
 
-OUTAGE_SECONDS = float(os.environ.get("OUTAGE_SECONDS", "20"))
-RSS_LIMIT = 300 * 1024 * 1024  # the sidecar idles at ~80-100 MiB (Python, aiohttp, the Azure SDK)
-RSS_GROWTH_LIMIT = 64 * 1024 * 1024
+OUTAGE_WRITES = int(os.environ.get("OUTAGE_WRITES", "600"))
 CONCURRENCY = 16  # the default --concurrency
 
 
@@ -80,8 +81,12 @@ def test_outage_backlog_drains_nothing_lost_memory_bounded(tmp_path):
         mon = Background(monitor, halt)
         mon.start()
         lock = threading.Lock()
+        done = [0]
 
-        def writer() -> None:  # keeps writing through the outage: rewrites and deletes on 300 paths
+        def writer() -> bool:  # writes through the outage: rewrites and deletes on 300 paths
+            if done[0] >= OUTAGE_WRITES:
+                return False
+            done[0] += 1
             p = rng.choice(paths)
             with lock:
                 if p.exists() and rng.random() < 0.15:
@@ -90,15 +95,18 @@ def test_outage_backlog_drains_nothing_lost_memory_bounded(tmp_path):
                     write_atomic(p, rng.randbytes(rng.randint(0, 4000)))
                     written.add(p)
             halt.wait(0.003)
+            return True
 
         server.stop()
         down_at = time.monotonic()
         w = Background(writer)
         w.start()
-        # The outage lasts OUTAGE_SECONDS, and at least until the sidecar has reported it.
-        wait_for(lambda: time.monotonic() - down_at >= OUTAGE_SECONDS and
-                 any(s["degraded"] == 1 for s in samples), OUTAGE_SECONDS + 60,
-                 "the outage to last its time and show as checkpoint_sidecar_store_degraded=1", interval=0.1)
+        # The outage lasts OUTAGE_WRITES writes, and at least until the sidecar has reported it
+        # and retried.
+        retried = lambda: metrics(base).get("checkpoint_sidecar_retries_total", 0) > before.get(  # noqa: E731
+            "checkpoint_sidecar_retries_total", 0)
+        wait_for(lambda: not w.is_alive() and any(s["degraded"] == 1 for s in samples) and retried(), 180,
+                 "the outage's writes, and checkpoint_sidecar_store_degraded=1", interval=0.1)
         during = metrics(base)
         server.start()
         up_at = time.monotonic()
@@ -120,8 +128,6 @@ def test_outage_backlog_drains_nothing_lost_memory_bounded(tmp_path):
         assert max_pending <= len(written), (max_pending, len(written))
         assert max_pending > 0
         max_rss = max(s["rss"] for s in samples)
-        assert max_rss < RSS_LIMIT, max_rss
-        assert max_rss - before["checkpoint_sidecar_process_resident_memory_bytes"] < RSS_GROWTH_LIMIT
         # the degraded period is visible: metrics, log, and the /readyz body (still 200)
         degraded = [s for s in samples if s["degraded"] == 1]
         assert degraded and all(s["ready_status"] == 200 for s in samples)

@@ -235,23 +235,37 @@ def test_two_claims_of_the_same_generation_leave_exactly_one_owner(tmp_path):
     import anyio
 
     from sidecar.fence import OWNER_KEY, Fence, Fenced
+    from sidecar.store.base import NotFound
     from sidecar.store.directory import DirectoryStore
 
     class BothReadFirst(DirectoryStore):
-        """Answers the owner marker's reads only once both claimants have asked."""
+        """Answers the owner marker's reads only once both claimants have read it whole: the gate
+        stands after the read, so neither claimant can write before the other has read."""
 
         def __init__(self, path: str) -> None:
             super().__init__(path)
             self.readers = 0
             self.both = anyio.Event()
 
-        async def get_stream(self, key):  # the marker is read as a stream
-            if key == OWNER_KEY:
-                self.readers += 1
-                if self.readers == 2:
-                    self.both.set()
-                await self.both.wait()
-            return await super().get_stream(key)
+        async def get_stream(self, key, read_ahead=0):  # the marker is read as a stream
+            if key != OWNER_KEY:
+                return await super().get_stream(key, read_ahead)
+            try:
+                info, stream = await super().get_stream(key)
+                body = b"".join([chunk async for chunk in stream])
+            except NotFound:
+                info = None
+            self.readers += 1
+            if self.readers == 2:
+                self.both.set()
+            await self.both.wait()
+            if info is None:
+                raise NotFound(key)
+
+            async def replay():
+                yield body
+
+            return info, replay()
 
     async def one_round(n: int) -> list[str]:
         store = BothReadFirst(str(tmp_path / f"store{n}"))

@@ -19,7 +19,7 @@ from tests.proxy import Proxy
 pytestmark = pytest.mark.anyio
 
 #: 2,000 files (the issue's figure) in the full run; 300 (two listing pages on Azure) in the fast one
-SIZES = pytest.mark.parametrize("files", [300, pytest.param(2000, marks=pytest.mark.slow)])
+SIZES = pytest.mark.parametrize("files", [300, pytest.param(2000, marks=pytest.mark.nightly)])  # the same rule, at scale
 
 
 async def seed(store, files: int) -> None:
