@@ -210,6 +210,8 @@ class _Watch:
         self.notify: RustNotify | None = None
         self.next: RustNotify | None = None
         self.dirs: dict[str, tuple[int, int]] = {}
+        #: the directories the pumped engine (``notify``) watches
+        self.pumped: set[tuple[int, int]] = set()
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -223,7 +225,9 @@ class _Watch:
         """Walk the roots and make an engine watching every directory found: ``notify`` when
         there is none yet, else ``next`` (the running one keeps watching until the pump swaps).
         Directories that appeared inside new ones during the build get another round. Returns
-        the directories that are new since the last build. Raises :class:`WatchLimit`."""
+        the directories that are new since the last build, and those of a ``next`` this build
+        replaced before it was pumped (what it saw is lost with it): the caller scans them.
+        Raises :class:`WatchLimit`."""
         added: list[str] = []
         for _ in range(GROW_ROUNDS):
             known = set(self.dirs.values())
@@ -239,22 +243,28 @@ class _Watch:
                 superseded = None
                 if self.notify is None:
                     self.notify = notify
+                    self.pumped = set(dirs.values())
                 else:
                     superseded, self.next = self.next, notify
+                    if superseded is not None:
+                        # Never pumped: the events it queued go with it, so the directories only it
+                        # watched are new again, to be scanned once this engine watches them.
+                        added.extend(p for p, ident in self.dirs.items() if ident not in self.pumped)
                 self.dirs = dirs
-            if superseded is not None:  # never pumped; its new directories are in this one too
+            if superseded is not None:
                 superseded.close()
             new = [p for p, ident in dirs.items() if ident not in known]
             added.extend(new)
             watched = set(dirs.values())
             if all(ident in watched for ident in real_dirs(new).values()):
                 break
-        return added
+        return list(dict.fromkeys(added))
 
     def swap(self) -> set[tuple[int, str]] | None:
         """Pump ``next`` from now on; returns what the old engine saw since its last batch."""
         with self._lock:
             old, self.notify, self.next = self.notify, self.next, None
+            self.pumped = set(self.dirs.values())
         assert old is not None  # swapped only while one is running
         try:
             drained = old.watch(0, 1, 1, None)

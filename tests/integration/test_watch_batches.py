@@ -162,3 +162,25 @@ def test_a_file_where_the_store_holds_the_other_shape_deletes_it_after_the_uploa
     uploader.pending.done(second)
     assert sorted(_drain(uploader)) == [(DELETE, ".checkpoints/a"), (DELETE, ".checkpoints/d/e/y"),
                                         (DELETE, ".checkpoints/d/x")]
+
+
+def test_a_rebuild_replaced_before_it_was_pumped_has_its_directories_scanned_again(tmp_path):
+    """A rebuilt engine waits (``next``) until the pump swaps it in; if more directories appear
+    before that, a newer build replaces it, and the events it queued (a file written in a directory
+    only it watched) go with it. So that build reports those directories again, for the uploader to
+    scan once the newer engine watches them (a write after the scan is the newer engine's event)."""
+    cps = tmp_path / ".checkpoints"
+    cps.mkdir()
+    w = watcher_mod._Watch([str(cps)])
+    try:
+        w.build()  # the engine being pumped: .checkpoints only
+        (cps / "ctx").mkdir()
+        assert w.build() == [str(cps / "ctx")]  # next: watches ctx too, not pumped yet
+        write_atomic(cps / "ctx" / "written-before-the-swap.json", b"x")  # seen by next alone
+        (cps / "other").mkdir()
+        assert sorted(w.build()) == [str(cps / "ctx"), str(cps / "other")]  # next replaced
+        w.swap()
+        (cps / "third").mkdir()
+        assert w.build() == [str(cps / "third")]  # a pumped engine's directories are not new again
+    finally:
+        w.close()
