@@ -470,10 +470,11 @@ class Daemon:
             elif kept:
                 self.kept_keys |= set(kept)
                 await anyio.to_thread.run_sync(save_kept, root, self.kept_keys)
-            log.warning("root_returned", root=root.path, files=len(files), kept=len(kept),
-                        detail="this namespace's disk again: compared with the store as usual" if held else
-                        "not this namespace's disk (no lineage record): the stored files it lacks are kept, never "
-                        "deleted for their absence, until the host writes them again")
+            (log.info if held else log.warning)(
+                "root_returned", root=root.path, files=len(files), kept=len(kept),
+                detail="this namespace's disk again: compared with the store as usual" if held else
+                "not this namespace's disk (no lineage record): the stored files it lacks are kept, never deleted "
+                "for their absence, until the host writes them again")
         if self.gone.pop(name, None) is not None:
             self.health.root_gone(name, None)
         assert now is not None  # intact: present
