@@ -179,7 +179,10 @@ def build_parser(only: str | None = None) -> _Parser:
     pr.add_argument("what", choices=["ready", "live"])
     pr.add_argument("--timeout", type=_timeout, default=2.0, help="seconds to wait for the answer (default: 2)")
     add("release", "hand the namespace over: its owner marker then names no identity, so a sidecar of any "
-                   "identity may claim it (an owner still running is fenced); instead of deleting the marker")
+                   "identity may claim it; instead of deleting the marker. A live owner (its marker rewritten "
+                   "within --live-within, by the store's clock) is refused unless --force: a release fences it").add_argument(
+        "--force", action="store_true", help="release even a live owner: that running sidecar is fenced at its next "
+        "write and stops mirroring (no variable)")
     _add_namespace_commands(add)
     add("history", "the namespace's restore points, newest first: time (store clock), kind, files, bytes, seq").add_argument(
         "--json", action="store_true", help="one JSON object per line")
@@ -288,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return _arun(status.command, settings, roots, args.json)
         if args.command == "release":
-            return _arun(lifecycle.release, settings, roots)
+            return _arun(lifecycle.release, settings, roots, args.force)
         if args.command == "sessions":
             from sidecar import sessions
 
