@@ -234,7 +234,7 @@ async def _run(top: Store, pruner: Pruner, clock: StoreClock, tally: Tally, pref
                     g = ns.group
                     modified = g.marker.modified if g.marker is not None else None
                     if prunable(ns.owner, g.last_write, ns.marker, modified, clock.now(), pruner.older_than,
-                                pruner.live_within):
+                                pruner.live_within, versions=False):  # the pruner decides again, versions known
                         tally.eligible += 1
                         await send.send(ns)
                     else:

@@ -714,3 +714,81 @@ async def test_older_than_below_an_hour_needs_force(make_store, store_place, mon
     assert code == 0 and "would prune s1 (" in out, (out, err)
     assert await keys_below(make_store, "s1") == before
 
+
+# -- prune fails per namespace, never per run (issue #34, item 4) ---------------------------------
+
+class _Undeletable(_Fresh):
+    """A namespace's store holding an object the store will not delete: its delete raises what
+    a store may raise that is no StoreError (a permission error from the filesystem)."""
+
+    async def delete(self, key: str) -> None:
+        if key.endswith("b.json"):
+            raise PermissionError(1, "Operation not permitted", key)
+        await self.store.delete(key)
+
+
+async def test_an_undeletable_object_fails_its_namespace_alone_and_the_next_prune_finishes_it(
+        make_store, store_place, monkeypatch, capsys):
+    """One namespace whose delete fails: one ``failed`` line, exit 3, the others pruned, never
+    ``unexpected ExceptionGroup``. It is left ``deleting`` (a prune's marker): the next prune
+    finishes it at once, without waiting --live-within (1h), while a live namespace beside it
+    keeps every object."""
+    from sidecar import prune
+
+    for name in ("s1", "s2", "s3"):
+        store = await make_store(name)
+        await seed(store, name, points=1)
+        await put_marker(store, name, heartbeat=0, interval=900)  # released: eligible
+    live = await make_store("live")
+    await seed(live, "live", points=1)
+    await put_marker(live, "live", heartbeat=time.time(), interval=900)
+    live_before = await keys_below(make_store, "live")
+    real = prune._store_for
+
+    def store_for(settings, prefix: str, namespace: str):
+        store = real(settings, prefix, namespace)
+        if namespace != "s2":
+            return store
+        wrapped = _Undeletable(None, namespace)
+        wrapped.store = store
+        wrapped.open = store.open  # type: ignore[method-assign]
+        return wrapped
+
+    monkeypatch.setattr(prune, "_store_for", store_for)
+    code, out, err = await _cli(monkeypatch, capsys, store_place, "prune", "--older-than", "0s", "--force")
+    assert code == 3, (out, err)
+    assert "unexpected" not in err and "Group" not in out + err, err
+    failed = [x for x in out.splitlines() if x.startswith("failed ")]
+    assert len(failed) == 1 and failed[0].startswith("failed s2: PermissionError"), out
+    assert sorted(x.split(" (")[0] for x in out.splitlines() if x.startswith("pruned ")) == ["pruned s1", "pruned s3"]
+    assert await keys_below(make_store, "s1") == [] and await keys_below(make_store, "s3") == []
+    marker = await read_marker(await make_store("s2"))
+    assert marker["prune"] == {"phase": "deleting"} and marker["owner"].startswith("prune:"), marker
+
+    monkeypatch.setattr(prune, "_store_for", real)
+    code, out, err = await _cli(monkeypatch, capsys, store_place, "prune", "--older-than", "7d")  # --live-within: 1h
+    assert code == 0, (out, err)
+    assert [x.split(" (")[0] for x in out.splitlines() if not x.startswith("prune:")] == ["pruned s2"], out
+    assert await keys_below(make_store, "s2") == []
+    assert await keys_below(make_store, "live") == live_before
+
+
+async def test_a_deleting_marker_that_proves_no_prune_waits_out_live_within(make_store):
+    """Only a marker a prune wrote (owner ``prune:<id>``, stored at the stamp it records) is
+    finished at once; a ``deleting`` phase under another owner, or copied at another version,
+    still waits --live-within."""
+    from sidecar.pruner import PRUNED
+
+    for name, owner, version in (("copied", "prune:x", 3 << 32), ("foreign", "someone", 7 << 32),
+                                 ("proven", "prune:y", 7 << 32)):
+        store = await make_store(name)
+        await seed(store, name, points=0)
+        data = json.dumps({"generation": 7 << 32, "owner": owner, "heartbeat": 1, "identity": ident(name),
+                           "prune": {"phase": "deleting"}}).encode()
+        await store.put(OWNER_KEY, data, ObjectMeta.of(data, version, 0o600, version=version))
+    pruner = Pruner(lambda ns: _fresh(make_store, ns), time.time, 0.05, 0.0, 7 * 86400.0, 3600.0)
+    listed = [n async for n in walk(await make_store(), 3600.0)]
+    results = {r.namespace: r for r in [await pruner.prune(ns) for ns in listed]}
+    assert results["proven"].outcome == PRUNED, results
+    assert results["copied"].outcome == SKIPPED and results["foreign"].outcome == SKIPPED, results
+    assert len(await keys_below(make_store, "copied")) == 3 and len(await keys_below(make_store, "foreign")) == 3
