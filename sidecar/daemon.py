@@ -140,7 +140,8 @@ class Daemon:
         s = self.settings
         fence = Fence(self.store, s.fence_window, s.fence_margin, identity=s.namespace.identity,
                       namespace=s.namespace.path, on_wait=self.health.uploads_wait_until,
-                      floor=self.stored_max_version, taken=self.taken, interval=s.heartbeat_interval)
+                      floor=self.stored_max_version, taken=self.taken, interval=s.heartbeat_interval,
+                      store_url=s.store)
         return Writer(self.store, fence)
 
     @cached_property
@@ -193,7 +194,8 @@ class Daemon:
         log.info("store", store=self.store.description, namespace=ns.describe())
         # another session's namespace is never restored from (nor, later, claimed)
         self.taken = await retry_transient(partial(take_for_restore, self.store, ns.identity, ns.path,
-                                                   take=self.takes_over), "read the owner marker", deadline)
+                                                   take=self.takes_over, store_url=self.settings.store),
+                                           "read the owner marker", deadline)
         self.marker_generation = self.taken.generation
         self.lineage = lineage_of(self.store, ns.path, self.marker_generation)
         listing, result = await restore(self.store, self.roots, mode=self.settings.restore,
