@@ -139,11 +139,10 @@ def test_readyz_is_503_while_the_restore_is_held_then_200(tmp_path, capsys):
     def counted(m: dict, name: str) -> float:  # the registry is the process's: other tests count too
         return m.get(name, 0) - before.get(name, 0)
 
-    before: dict = {}
-    if sidecar_metrics.loaded():
-        from prometheus_client import generate_latest
+    from prometheus_client import generate_latest
 
-        before = metric_values(generate_latest(sidecar_metrics.REGISTRY).decode())
+    # built now if not yet (counting what earlier tests of this process restored), then read
+    before = metric_values(generate_latest(sidecar_metrics.REGISTRY).decode())
 
     async def main() -> None:
         async with anyio.create_task_group() as tg, httpx.AsyncClient(base_url=base, timeout=30) as client:
