@@ -89,11 +89,15 @@ BACKENDS = ["directory", pytest.param("azure", marks=pytest.mark.azure), "memory
 
 def pytest_generate_tests(metafunc):
     """Parametrize ``store_place`` by :data:`BACKENDS`. A test that asks for ``store_place`` itself
-    wants a place another process can open (a URL for a CLI run): the memory store has none, so
-    it runs on the others only; a test that makes its stores with ``make_store`` runs on all."""
+    (or through a fixture of its own) wants a place another process or a command can open (a URL):
+    the memory store has none, so it runs on the others only; a test that makes its stores with
+    ``make_store`` alone runs on all."""
     if "store_place" not in metafunc.fixturenames:
         return
-    wants_url = "store_place" in inspect.signature(metafunc.function).parameters
+    # the test itself, or a fixture of its own other than make_store, takes the place
+    takers = [metafunc.function] + [d.func for name, defs in metafunc._arg2fixturedefs.items()
+                                     if name not in ("make_store", "store_place") for d in defs]
+    wants_url = any("store_place" in inspect.signature(f).parameters for f in takers)
     params = [p for p in BACKENDS if not (wants_url and p == "memory")]
     metafunc.parametrize("store_place", params, indirect=True)
 

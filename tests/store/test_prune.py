@@ -786,7 +786,8 @@ async def test_a_deleting_marker_that_proves_no_prune_waits_out_live_within(make
         data = json.dumps({"generation": 7 << 32, "owner": owner, "heartbeat": 1, "identity": ident(name),
                            "prune": {"phase": "deleting"}}).encode()
         await store.put(OWNER_KEY, data, ObjectMeta.of(data, version, 0o600, version=version))
-    pruner = Pruner(lambda ns: _fresh(make_store, ns), time.time, 0.05, 0.0, 7 * 86400.0, 3600.0)
+    now = await (await make_store()).now()  # the store's clock (the memory store's is a fake one)
+    pruner = Pruner(lambda ns: _fresh(make_store, ns), lambda: now, 0.05, 0.0, 7 * 86400.0, 3600.0)
     listed = [n async for n in walk(await make_store(), 3600.0)]
     results = {r.namespace: r for r in [await pruner.prune(ns) for ns in listed]}
     assert results["proven"].outcome == PRUNED, results
