@@ -140,9 +140,10 @@ class _Environment(EnvSettingsSource):
 #: The commands that mirror take every setting; each of the others takes the settings whose field
 #: names it (:func:`_uses`): its flags, and what it applies.
 MIRRORING_COMMANDS = ("sync", "run")
-ONE_SHOT_COMMANDS = ("restore", "status", "probe", "release", "sessions", "prune", "history")
-#: Commands that take exactly the settings of another: history reads what release reads (the store, the namespace).
-SAME_SETTINGS = {"history": "release"}
+ONE_SHOT_COMMANDS = ("restore", "status", "probe", "release", "sessions", "prune", "history", "verify")
+#: Commands that take exactly the settings of another: history reads what release reads (the store, the namespace),
+#: verify what sessions reads (the store, the prefix every namespace lies below).
+SAME_SETTINGS = {"history": "release", "verify": "sessions"}
 
 
 def _uses(*commands: str, default: str | None = None) -> dict[str, Any]:
