@@ -356,6 +356,10 @@ async def command(settings: Settings, read_data: bool, as_json_lines: bool) -> i
         return fail(f"cannot write the report: {e.strerror or type(e).__name__}")
     finally:
         await top.aclose()
+    if not count:
+        shown = log.printable(prefix) or "(top of the store)"
+        print(f"verify: no namespace below the prefix {shown!r} in {top.description}: nothing was verified",
+              file=sys.stderr, flush=True)
     if not as_json_lines:
         scope = "every byte read" if read_data else "metadata and restore point headers; --read-data reads every byte"
         print(f"verify: {count} namespaces, {count - damaged} ok, {damaged} damaged ({scope})", flush=True)

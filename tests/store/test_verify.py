@@ -2,9 +2,11 @@
 clean store is ok; a flipped byte in an object and in a restore point's entry is found with
 ``--read-data`` (and not without: their metadata is sound), naming the point that recovers the
 object; a chain missing an increment and an incremental whose full point is gone are reported; a
-damaged nested namespace does not taint its parent; a missing store is one line, exit 1; nothing
-is written to the store. Bytes are flipped through the store's own put (the old sha256 and
-version recorded over other bytes), so the same rot is made on every backend."""
+damaged nested namespace does not taint its parent; an object whose metadata is gone and a point
+cut short are damaged without reading data; a missing store is one line, exit 1, and a prefix
+holding no namespace says nothing was verified; nothing is written to the store. Bytes are
+flipped through the store's own put (the old sha256 and version recorded over other bytes), so
+the same rot is made on every backend."""
 
 from __future__ import annotations
 
@@ -175,12 +177,23 @@ async def test_an_increment_whose_full_point_is_gone_is_reported(place, make_sto
     assert damaged(report) == {point_key("incr", V1 + 12, V1 + 10): (POINT, [f"its full point {V1 + 10} is gone"], None)}
 
 
+async def drop_metadata(store_place, key: str) -> None:
+    """The sidecar's metadata of ``key`` gone: the directory store's record removed, the blob's
+    metadata cleared (as a blob another tool wrote carries none)."""
+    url, env = store_place
+    if not url.startswith("http"):
+        os.unlink(os.path.join(url, PREFIX, "s1", ".sidecar-meta", key + ".json"))
+        return
+    from azure.storage.blob.aio import BlobServiceClient
+
+    container = url.rstrip("/").rsplit("/", 1)[1]
+    async with BlobServiceClient.from_connection_string(env["AZURE_STORAGE_CONNECTION_STRING"]) as svc:
+        await svc.get_blob_client(container, f"{PREFIX}/s1/{key}").set_blob_metadata({})
+
+
 async def test_an_object_without_metadata_and_a_cut_short_point(place, make_store, store_place):
     s1 = await make_store(f"{PREFIX}/s1")
-    if store_place[0].startswith("http"):  # Azure: a blob written by another tool carries no sidecar metadata
-        pytest.skip("the directory store's record is removed by hand here")
-    url, _ = store_place
-    os.unlink(os.path.join(url, PREFIX, "s1", ".sidecar-meta", A + ".json"))
+    await drop_metadata(store_place, A)
     full = point_key("full", V1 + 10, V1 + 10)
     blob, info = await s1.get(full)
     await s1.put(full, blob[:2048], ObjectMeta.of(blob[:2048], info.mtime_ns, info.mode, info.version))
@@ -266,3 +279,15 @@ async def test_names_are_escaped_in_the_text_report(place, make_store):
     lines = verify.as_text((await place(True))["s1"], PREFIX)
     assert len(lines) == 2 and "\u202e" not in lines[1] and "\u2028" not in lines[1]
     assert "x\\u202egnp.json\\u2028ok" in lines[1]
+
+
+async def test_a_prefix_with_no_namespace_says_nothing_was_verified(place, store_place, monkeypatch, capsys):
+    url, env = store_place
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    settings, _roots = load({"store": url, "prefix": "agnets"})  # a typo: the store is there, the prefix is empty
+    assert await verify.command(settings, False, False) == EXIT_OK
+    out, err = capsys.readouterr()
+    assert out == "verify: 0 namespaces, 0 ok, 0 damaged (metadata and restore point headers; --read-data reads " \
+                  "every byte)\n"
+    assert "no namespace below the prefix 'agnets'" in err and "nothing was verified" in err
