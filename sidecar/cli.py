@@ -38,17 +38,20 @@ _EPILOG = {
            "after SIDECAR_CHILD_STOP_GRACE)",
     "status": "0 in sync; 1 not in sync or the store cannot be reached",
     "probe": "0 ready/live; 1 not, or no answer within --timeout; 2 when SIDECAR_HTTP_ADDR is empty",
-    "release": "0 once released (or when the namespace has no owner marker); 1 when the store cannot be reached",
+    "release": "0 once released (or when the namespace has no owner marker); 1 when the store cannot be reached; "
+               "2 refused: the owner is live (without --force), or bad configuration",
     "sessions": "0 once every namespace is listed; 1 when the store cannot be listed",
     "prune": "0 done (also when nothing was eligible); 1 the store cannot be listed (or does not exist), or the "
-             "push to --pushgateway failed; 2 bad usage or configuration; 3 some eligible namespaces could not be "
-             "pruned or were refused (the others were: run it again)",
+             "push to --pushgateway failed; 2 bad usage or configuration (a duration without its unit, --older-than "
+             "below 1h without --force); 3 some eligible namespaces failed or were refused, each on a line of its "
+             "own (the others were pruned: run it again)",
     "history": "0 once listed (none is fine); 1 when the store cannot be read",
     "verify": "0 every namespace ok; 4 some namespace is damaged (its lines name the keys); 1 the store is not "
               "there or cannot be read; 2 bad usage or configuration",
 }
-_ENV_NOTE = ("Every flag is also the environment variable named in its help (flags win); variables of "
-             "settings a command does not use are accepted and ignored.")
+_ENV_NOTE = ("Every flag whose help names a SIDECAR_* variable is also that variable (flags win); the others "
+             "(--json, --dry-run, --force, --as-of...) are flags only. Variables of settings a command does not use "
+             "are accepted and ignored.")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -78,7 +81,7 @@ def _flag_map(command: str = "sync") -> list[tuple[str, str, dict[str, Any]]]:
     out = []
     for name in COMMAND_SETTINGS[command]:
         doc = docs[name]
-        kw: dict[str, Any] = {"help": _help(doc), "metavar": doc.name.upper()}
+        kw: dict[str, Any] = {"help": _help(doc), "metavar": doc.metavar or doc.name.upper()}
         if doc.kind == "bool":
             kw = {"help": _help(doc), "action": "store_const", "const": True}
         elif doc.choices:
@@ -178,7 +181,10 @@ def build_parser(only: str | None = None) -> _Parser:
     pr.add_argument("what", choices=["ready", "live"])
     pr.add_argument("--timeout", type=_timeout, default=2.0, help="seconds to wait for the answer (default: 2)")
     add("release", "hand the namespace over: its owner marker then names no identity, so a sidecar of any "
-                   "identity may claim it (an owner still running is fenced); instead of deleting the marker")
+                   "identity may claim it; instead of deleting the marker. A live owner (its marker rewritten "
+                   "within --live-within, by the store's clock) is refused unless --force: a release fences it").add_argument(
+        "--force", action="store_true", help="release even a live owner: that running sidecar is fenced at its next "
+        "write and stops mirroring (no variable)")
     _add_namespace_commands(add)
     add("history", "the namespace's restore points, newest first: time (store clock), kind, files, bytes, seq").add_argument(
         "--json", action="store_true", help="one JSON object per line")
@@ -191,33 +197,21 @@ def build_parser(only: str | None = None) -> _Parser:
     return parser
 
 
-def _duration(text: str) -> float:
-    """A ``--older-than`` / ``--live-within`` value: ``90s``, ``15m``, ``2h``, ``7d``..."""
-    from sidecar.configtypes import parse_duration
-
-    try:
-        return parse_duration(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
 def _add_namespace_commands(add: Callable[..., argparse.ArgumentParser]) -> None:
-    """``sessions`` and ``prune`` (docs/OPERATIONS.md, "Sessions and pruning")."""
-    live: dict[str, Any] = dict(type=_duration, default=3600.0, metavar="DURATION",
-                help="an owner marker rewritten within this long (by the store's clock) is live; keep it well above "
-                     "the sidecars' SIDECAR_HEARTBEAT_INTERVAL (default: 1h)")
-    se = add("sessions", "every namespace in the store, a line each: owner (live, released, stale, none), files, "
-                         "bytes, last write, restore points, identity")
+    """``sessions`` and ``prune`` (docs/OPERATIONS.md, "Sessions and pruning"); their
+    ``--live-within``, ``--older-than`` and ``--pushgateway`` are settings (``SIDECAR_*``)."""
+    se = add("sessions", "every namespace in the store, a line each: owner (live, released, stale, none, pruning, "
+                         "unknown), files, bytes, last write, restore points, identity")
     se.add_argument("--json", action="store_true", help="one JSON object per line")
-    se.add_argument("--live-within", **live)
-    pr = add("prune", "delete whole namespaces whose session ended (owner not live) and whose last write is older "
-                      "than --older-than; a namespace claimed meanwhile keeps every object")
-    pr.add_argument("--older-than", type=_duration, required=True, metavar="DURATION",
-                    help="last write at least this old, by the store's clock (0s: every ended namespace)")
-    pr.add_argument("--dry-run", action="store_true", help="delete nothing; print what would be pruned")
-    pr.add_argument("--live-within", **live)
-    pr.add_argument("--pushgateway", metavar="URL", default=None,
-                    help="push the prune's gauges to this Prometheus Pushgateway at the end")
+    pr = add("prune", "delete whole namespaces whose session ended (owner released, stale or none: not live) and "
+                      "whose last write is older than --older-than; a namespace claimed meanwhile keeps every "
+                      "object. 'released' is a sidecar's clean exit: on Foundry every idle session's compute is "
+                      "stopped, and its namespace released, minutes after its last turn, so --older-than is what "
+                      "keeps a paused workflow")
+    pr.add_argument("--dry-run", action="store_true", help="delete nothing; print what would be pruned (no variable)")
+    pr.add_argument("--force", action="store_true",
+                    help="allow --older-than below 1h, which deletes sessions idle for less than an hour "
+                         "(no variable: a floor lowered on purpose, run by run)")
 
 
 def _command_in(argv: list[str]) -> str:
@@ -305,15 +299,15 @@ def main(argv: list[str] | None = None) -> int:
 
             return _arun(status.command, settings, roots, args.json)
         if args.command == "release":
-            return _arun(lifecycle.release, settings, roots)
+            return _arun(lifecycle.release, settings, roots, args.force)
         if args.command == "sessions":
             from sidecar import sessions
 
-            return _arun(sessions.command, settings, args.json, args.live_within)
+            return _arun(sessions.command, settings, args.json, settings.live_within)
         if args.command == "prune":
             from sidecar import prune
 
-            return _arun(prune.command, settings, args.older_than, args.live_within, args.dry_run, args.pushgateway)
+            return _arun(prune.command, settings, args.dry_run, args.force)
         if args.command == "history":
             from sidecar import history
 

@@ -28,7 +28,7 @@ import os
 import re
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, Mapping, get_args
+from typing import Annotated, Any, Mapping, get_args, get_origin
 
 from pydantic import Field, PrivateAttr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
@@ -47,10 +47,12 @@ from sidecar.configtypes import (  # noqa: F401 (shown, the value types and boun
     Seconds,
     SessionNamespace,
     Text,
+    UnitSeconds,
     Words,
     _choice,
     _num,
     _shortened,
+    check_gateway,
     shown,
 )
 from sidecar.namespace import Namespace, NamespaceError, check_template, resolve
@@ -141,17 +143,21 @@ class _Environment(EnvSettingsSource):
 #: names it (:func:`_uses`): its flags, and what it applies.
 MIRRORING_COMMANDS = ("sync", "run")
 ONE_SHOT_COMMANDS = ("restore", "status", "probe", "release", "sessions", "prune", "history", "verify")
-#: Commands that take exactly the settings of another: history reads what release reads (the store, the namespace),
-#: verify what sessions reads (the store, the prefix every namespace lies below).
+#: Commands that take exactly the settings of another: history reads what release reads (the
+#: store, the namespace), but for what release alone applies (:data:`OPERATOR_SETTINGS`); verify
+#: what sessions reads (the store, the prefix every namespace lies below), but for its own.
 SAME_SETTINGS = {"history": "release", "verify": "sessions"}
 
 
-def _uses(*commands: str, default: str | None = None) -> dict[str, Any]:
-    """``json_schema_extra``: the one-shot commands that use the setting (besides sync and run), and
-    a computed default named the way the help and docs/CONFIGURATION.md show it."""
+def _uses(*commands: str, default: str | None = None, mirroring: bool = True, metavar: str = "") -> dict[str, Any]:
+    """``json_schema_extra``: the one-shot commands that use the setting (besides sync and run,
+    unless ``mirroring`` is False: an operator command's own setting), and a computed default
+    named the way the help and docs/CONFIGURATION.md show it."""
     assert set(commands) <= set(ONE_SHOT_COMMANDS), commands
-    commands += tuple(c for c, like in SAME_SETTINGS.items() if like in commands and c not in commands)
-    return {"commands": commands} | ({"doc_default": default} if default is not None else {})
+    if mirroring:
+        commands += tuple(c for c, like in SAME_SETTINGS.items() if like in commands and c not in commands)
+    return ({"commands": commands} | ({"doc_default": default} if default is not None else {})
+            | ({} if mirroring else {"mirroring": False}) | ({"metavar": metavar} if metavar else {}))
 
 
 class Settings(BaseSettings):
@@ -225,6 +231,19 @@ class Settings(BaseSettings):
     http_addr: Text = Field(f"127.0.0.1:{DEFAULT_HTTP_PORT}",
                             description="host:port of /livez /readyz /metrics ('' disables)",
                             json_schema_extra=_uses("probe"))
+    # -- the operator commands' own (sessions, prune, release): no mirroring command takes them --
+    live_within: UnitSeconds = Field(
+        3600.0, description="an owner marker rewritten within this long (by the store's clock; or within twice the "
+                            "heartbeat interval it records) is live: sessions shows it so, prune keeps it, release "
+                            "refuses it; written with a unit, e.g. 1h; keep it well above the sidecars' "
+                            "SIDECAR_HEARTBEAT_INTERVAL",
+        json_schema_extra=_uses("sessions", "prune", "release", default="1h", mirroring=False, metavar="DURATION"))
+    older_than: UnitSeconds | None = Field(
+        None, description="prune: a namespace's last write at least this old, by the store's clock; written with a "
+                          "unit, e.g. 7d; below 1h only with --force (0s: every ended namespace)",
+        json_schema_extra=_uses("prune", default="none: prune needs it", mirroring=False, metavar="DURATION"))
+    pushgateway: Text = Field("", description="prune: push its gauges to this Prometheus Pushgateway at the end "
+                              "(empty: no push)", json_schema_extra=_uses("prune", mirroring=False, metavar="URL"))
     log_level: LogLevel = Field("info", description="log level", json_schema_extra=_uses(*ONE_SHOT_COMMANDS))
     log_format: LogFormat = Field("auto", description="auto (json unless stderr is a terminal), json, text",
                                   json_schema_extra=_uses(*ONE_SHOT_COMMANDS))
@@ -256,6 +275,11 @@ class Settings(BaseSettings):
         for p in v:
             check_local_path(p, "a root")
         return v
+
+    @field_validator("pushgateway")
+    @classmethod
+    def _check_pushgateway(cls, v: str) -> str:
+        return check_gateway(v)
 
     @field_validator("http_addr")
     @classmethod
@@ -344,10 +368,14 @@ class SettingDoc:
     choices: tuple[str, ...]
     kind: str  # "text", "list", "int", "float", "bool", "choice"
     commands: tuple[str, ...]  # the commands that take it (its flag) and apply it
+    metavar: str = ""  # the flag's value as its help shows it ("": the setting's name)
 
 
 def _kind(annotation: Any) -> tuple[str, tuple[str, ...]]:
-    args = get_args(annotation)
+    args = tuple(a for a in get_args(annotation) if a is not type(None))
+    if len(args) == 1 and type(None) in get_args(annotation):  # optional: the type it holds
+        held = args[0]
+        return _kind(get_args(held)[0] if get_origin(held) is Annotated else held)
     if args and all(isinstance(a, str) for a in args):
         return "choice", args
     names = {str: "text", int: "int", float: "float", bool: "bool"}
@@ -372,9 +400,10 @@ def setting_docs() -> tuple[SettingDoc, ...]:
         kind, choices = _kind(f.annotation)
         extra: dict[str, Any] = f.json_schema_extra if isinstance(f.json_schema_extra, dict) else {}
         default = str(extra.get("doc_default") or _shown_default(f.default))
+        mirroring = MIRRORING_COMMANDS if extra.get("mirroring", True) else ()
         out.append(SettingDoc(name, ENV_PREFIX + name.upper(), "--" + name.replace("_", "-"),
                               f.description or "", default, choices, kind,
-                              MIRRORING_COMMANDS + tuple(extra.get("commands", ()))))
+                              mirroring + tuple(extra.get("commands", ())), str(extra.get("metavar", ""))))
     return tuple(out)
 
 
@@ -386,6 +415,8 @@ def command_settings() -> dict[str, tuple[str, ...]]:
 
 
 SETTING_NAMES = tuple(Settings.model_fields)
+#: The settings only operator commands take (``sessions``, ``prune``, ``release``): no mirroring command does.
+OPERATOR_SETTINGS = tuple(d.name for d in setting_docs() if not set(MIRRORING_COMMANDS) & set(d.commands))
 VARIABLES = {ENV_PREFIX + n.upper(): n for n in SETTING_NAMES}
 
 

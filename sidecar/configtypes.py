@@ -126,15 +126,62 @@ LogFormat = _choice("auto", "json", "text")
 PositiveSeconds = Annotated[Seconds, Field(gt=0)]
 
 
+def _duration_with_unit(v: Any) -> Any:
+    """A duration that decides what is deleted (``SIDECAR_OLDER_THAN``, ``SIDECAR_LIVE_WITHIN``):
+    written with its unit (``7d``, ``1h30m``), never a plain number; :func:`parse_duration`."""
+    v = _text(v)
+    if isinstance(v, str):
+        return parse_duration(v, unit_required=True)
+    return v
+
+
+#: Seconds written with a unit (``90s``, ``2h``, ``7d``): a plain number is refused.
+UnitSeconds = Annotated[float, BeforeValidator(_duration_with_unit), Field(ge=0, le=MAX_SECONDS, allow_inf_nan=False)]
+
+
+# -- a URL a command pushes to ---------------------------------------------------------------------
+
+_HOST_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+
+
+def check_gateway(url: str) -> str:
+    """A Prometheus Pushgateway URL (``http://pushgateway:9091``, or ``host:port``), blanks
+    around it dropped; "" (no push) as it is. ValueError, one line that never shows the URL (it
+    may carry a user and password)."""
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    text = url.strip()
+    if not text:
+        return ""
+    wanted = "not an http(s) URL with a host, e.g. http://pushgateway:9091"
+    try:
+        parts = urlsplit(text if "://" in text else f"http://{text}")
+        parts.port  # noqa: B018 (raises on a bad port)
+    except ValueError as e:
+        raise ValueError(f"not a URL ({str(e).split(':')[0]})") from None
+    host = parts.hostname or ""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        if not all(_HOST_LABEL.fullmatch(label) for label in host.split(".")):
+            raise ValueError(wanted) from None
+    if parts.scheme not in ("http", "https") or not host or any(c.isspace() for c in text):
+        raise ValueError(wanted)
+    return text
+
+
 # -- durations and times given on a command line ---------------------------------------------------
 
 _UNIT_SECONDS = {"w": 7 * 86400.0, "d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|w|d|h|m|s)")
+_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(ms|w|d|h|m|s)")
 
 
-def parse_duration(text: str) -> float:
+def parse_duration(text: str, unit_required: bool = False) -> float:
     """Seconds in a duration written ``90s``, ``15m``, ``2h``, ``7d``, ``1w``, ``1h30m`` or a plain
-    number of seconds; raises ``ValueError`` with a one-line reason (never above a year)."""
+    number of seconds; raises ``ValueError`` with a one-line reason (never above a year).
+    ``unit_required``: a plain number is refused (a duration that decides what is deleted, where
+    ``7`` meant as days would be seven seconds)."""
     t = text.strip().lower()
     if not t:
         raise ValueError("an empty duration; write e.g. 90s, 15m, 2h or 7d")
@@ -149,6 +196,11 @@ def parse_duration(text: str) -> float:
             pos = m.end()
         if pos != len(t) or pos == 0:
             raise ValueError(f"not a duration: {shown(text)}; write e.g. 90s, 15m, 2h, 7d or 1h30m") from None
+    else:
+        if unit_required:
+            n = _num(t) if 0 <= seconds <= MAX_SECONDS else "7"
+            raise ValueError(f"{shown(text)} has no unit (a plain number would be seconds): write it with one, "
+                             f"e.g. {n}d, {n}h, {n}m or {n}s")
     if not seconds == seconds or seconds < 0 or seconds > MAX_SECONDS:  # nan, negative, beyond a year
         raise ValueError(f"a duration must be between 0 and a year, got {shown(text)}")
     return seconds

@@ -14,7 +14,7 @@ import os
 import stat
 import time
 from functools import cached_property, partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterable
 
 import anyio
 import anyio.to_thread
@@ -26,9 +26,17 @@ from sidecar.fence import OWNER_KEY, Taken, take_for_restore
 from sidecar.health import Health, Phase, RestorePhase
 from sidecar.known import StoreState
 from sidecar.listing import Listing, list_store
-from sidecar.localfs import Gaps, LocalStat, absent, below_root_without_links, has_regular_files, scan_root
+from sidecar.localfs import (
+    Gaps,
+    LocalStat,
+    absent,
+    below_root_without_links,
+    has_regular_files,
+    root_identity,
+    scan_root,
+)
 from sidecar.paths import IgnoreRules, Root, is_within
-from sidecar.plan import Protected, RootKeep, plan_reconcile_queue, plan_root_keep
+from sidecar.plan import Protected, RootKeep, RootPresence, plan_reconcile_queue, plan_root_keep, plan_root_presence
 from sidecar.restorefs import lineage_recorded, load_kept, read_lineage, restore_cut_short, save_kept
 from sidecar.restoreplan import holds
 from sidecar.restorer import RestoreResult, lineage_of, record_lineage, restore
@@ -88,6 +96,15 @@ class Daemon:
         #: before its restore (sync, run; not the one-shot restore), and what it found and did
         self.takes_over = True
         self.taken: Taken | None = None
+        #: each root's directory (st_dev, st_ino) as the last scan that found it intact saw it (or
+        #: as it was when mirroring began): a root with another identity was replaced as a whole
+        self.root_ids: dict[str, tuple[int, int]] = {}
+        #: roots gone as a whole while the store holds their files (name -> why): nothing stored
+        #: of them is deleted, and the sidecar is not ready (see sidecar.plan.plan_root_presence)
+        self.gone: dict[str, str] = {}
+        #: roots the watcher reported themselves (removed, replaced, their attributes changed)
+        #: since their last scan, each with a count: their deletes wait for that scan
+        self.reported: dict[str, int] = {}
 
     @property
     def kept_roots(self) -> set[str]:
@@ -95,10 +112,18 @@ class Daemon:
         this namespace is not known to hold."""
         return self.empty_roots | self.incomplete | self.unproven
 
-    def protected(self, gaps: Gaps | None = None) -> Protected:
-        """What a reconcile must not delete now: the kept roots, the kept keys, and ``gaps``
-        (what its scan could not see)."""
-        return Protected(frozenset(self.kept_roots), frozenset(self.kept_keys), gaps)
+    def protected(self, gaps: Gaps | None = None, hidden: set[str] = frozenset()) -> Protected:  # type: ignore[assignment]
+        """What a reconcile must not delete now: the kept roots, the roots its scan did not find
+        intact (``hidden``), the kept keys, and ``gaps`` (what its scan could not see)."""
+        return Protected(frozenset(self.kept_roots | hidden), frozenset(self.kept_keys), gaps)
+
+    def root_intact(self, root: Root) -> bool:
+        """Whether a file missing in ``root`` now means the host deleted it: the root is the very
+        directory the last scan found intact, not gone, replaced or reported since. Asked by the
+        hints and right before each delete is sent (from worker threads too: reads and a stat)."""
+        last = self.root_ids.get(root.name)
+        return (last is not None and root.name not in self.gone and root.name not in self.reported
+                and root_identity(root.path) == last)
 
     @property
     def snapshot_roots(self) -> set[str]:
@@ -115,7 +140,8 @@ class Daemon:
         s = self.settings
         fence = Fence(self.store, s.fence_window, s.fence_margin, identity=s.namespace.identity,
                       namespace=s.namespace.path, on_wait=self.health.uploads_wait_until,
-                      floor=self.stored_max_version, taken=self.taken, interval=s.heartbeat_interval)
+                      floor=self.stored_max_version, taken=self.taken, interval=s.heartbeat_interval,
+                      store_url=s.store)
         return Writer(self.store, fence)
 
     @cached_property
@@ -128,7 +154,7 @@ class Daemon:
         s = self.settings
         return Uploader(self.writer, self.roots, self.ignore, self.known, concurrency=s.concurrency,
                         max_file_size=s.max_file_size, snapshot_roots=self.snapshot_roots,
-                        on_degraded=self.health.store_degraded)
+                        on_degraded=self.health.store_degraded, intact=self.root_intact)
 
     @cached_property
     def points(self) -> PointWriter:
@@ -168,7 +194,8 @@ class Daemon:
         log.info("store", store=self.store.description, namespace=ns.describe())
         # another session's namespace is never restored from (nor, later, claimed)
         self.taken = await retry_transient(partial(take_for_restore, self.store, ns.identity, ns.path,
-                                                   take=self.takes_over), "read the owner marker", deadline)
+                                                   take=self.takes_over, store_url=self.settings.store),
+                                           "read the owner marker", deadline)
         self.marker_generation = self.taken.generation
         self.lineage = lineage_of(self.store, ns.path, self.marker_generation)
         listing, result = await restore(self.store, self.roots, mode=self.settings.restore,
@@ -273,6 +300,10 @@ class Daemon:
         self.health.set(Phase.RECONCILING, "reconciling disk and store")
         from sidecar.watcher import watch  # imported here: ``run`` starts its child before this
 
+        for root in self.roots:  # the directories mirroring begins with, before anything is watched
+            ident = await anyio.to_thread.run_sync(root_identity, root.path)
+            if ident is not None:
+                self.root_ids[root.name] = ident
         async with anyio.create_task_group() as tg:
             await tg.start(self.uploader.run)
             tg.start_soon(self.writer.heartbeat, self.settings.heartbeat_interval)
@@ -296,8 +327,16 @@ class Daemon:
         self.health.set(Phase.FENCED, self.writer.why_fenced or "fenced by a newer sidecar")
 
     async def _on_paths(self, paths: list[str]) -> None:
+        # A root reported itself (removed, replaced) deletes nothing until it is scanned again: the
+        # watcher rebuilds the watch and rescans it next. Its files' deletions in this batch (rm -rf)
+        # are not the host deleting files one by one.
+        for root in self.roots:
+            if root.path in paths:
+                self.reported[root.name] = self.reported.get(root.name, 0) + 1
         if self.lineage_due:
-            await self._record_due([r for r in self.roots if r.name in self.lineage_due
+            # only in a root that is the one mirrored: a root back after it was gone is recorded
+            # once its scan has decided what it is (see _presence)
+            await self._record_due([r for r in self.roots if r.name in self.lineage_due and self.root_intact(r)
                                     and any(is_within(p, r.path) for p in paths)])
         self.uploader.mark_paths(paths)
 
@@ -335,12 +374,23 @@ class Daemon:
         local: dict[str, LocalStat] = {}
         gaps = Gaps()
         restored = self.restored.restored_roots() if self.restored else set()
+        hidden: set[str] = set()  # roots not found intact: nothing of them deleted by this reconcile
         for root in roots:
             root_gaps = Gaps()
+            reports = self.reported.get(root.name)
+            before = await anyio.to_thread.run_sync(root_identity, root.path)
             files, _links = await anyio.to_thread.run_sync(scan_root, root, self.ignore, root_gaps)
+            after = await anyio.to_thread.run_sync(root_identity, root.path)
             self._note_gaps(root, root_gaps)
             gaps.merge(root_gaps)
             local.update(files)
+            stored = (self.known.objects_in({root.name}).keys() if remote is None
+                      else {k for k in remote if k.split("/", 1)[0] == root.name})
+            if before != after and after is not None:
+                hidden.add(root.name)  # replaced while the scan ran: the watcher has it rescanned
+            elif not await self._presence(root, after, files, root_gaps, stored, restored=root.name in restored,
+                                          reports=reports):
+                hidden.add(root.name)
             ours = initial and holds(await anyio.to_thread.run_sync(read_lineage, root), self.lineage,
                                      self.marker_generation)
             self._keep_root(root, bool(files), plan_root_keep(
@@ -357,7 +407,7 @@ class Daemon:
         busy = self.uploader.pending_keys()
         await self._forget_kept({k for k, st in local.items() if not self.known.still_skipped(k, st)})
         plan = plan_reconcile_queue(local, known, known_before=known_before, busy=busy,
-                                    still_skipped=self.known.still_skipped, protected=self.protected(gaps))
+                                    still_skipped=self.known.still_skipped, protected=self.protected(gaps, hidden))
         upload, delete = plan.upload, plan.delete
         if delete:
             # A file can be missing from the scan and yet be on disk now: unlinked and written again
@@ -382,6 +432,58 @@ class Daemon:
             log.info("reconcile_start", upload=len(upload), delete=len(delete), in_sync=plan.in_sync,
                      protected=",".join(sorted(self.kept_roots)) or "-")
         return fixes
+
+    async def _presence(self, root: Root, now: tuple[int, int] | None, files: dict[str, LocalStat], gaps: Gaps,
+                        stored: Iterable[str], *, restored: bool, reports: int | None) -> bool:
+        """Apply :func:`~sidecar.plan.plan_root_presence` to a scanned root (``now``: its identity,
+        the same before and after the scan, else None); True when it is intact. A root gone as a whole
+        is said once and makes the sidecar unready; one back without this namespace's lineage record
+        (recreated by the host, another volume) keeps the stored files it lacks (``.sidecar-kept``),
+        one back with it (a remount of the same disk) is compared as usual."""
+        name = root.name
+        if name in gaps.unreadable:
+            return False  # an unreadable root: said and kept by the gaps' rule, identity unknown
+        stored = set(stored)
+        last = self.root_ids.get(name)
+        # reported itself and its record gone: removed and made again at once (the inode reused)
+        replaced = last is not None and now is not None and (now != last or (
+            reports is not None and name not in self.unproven and not lineage_recorded(root)))
+        presence: RootPresence = plan_root_presence(
+            present=now is not None, replaced=replaced, was_gone=name in self.gone, stored=bool(stored),
+            seen=last is not None or restored, has_files=bool(files))
+        if presence.gone is not None:
+            if name not in self.gone:
+                log.warning("root_gone", root=root.path, stored=len(stored), why=presence.gone,
+                            detail="the root went as a whole (removed, replaced, a mount gone): taken for unreadable, "
+                                   "not for deleted; its stored files are kept and mirroring resumes when it is back")
+            self.gone[name] = presence.gone
+            self.health.root_gone(name, f"the root {log.printable(root.path)} is gone ({presence.gone}): its "
+                                        f"{len(stored)} stored files are kept; mirroring resumes when it is back")
+        elif name in self.gone:  # nothing of it is stored any more: nothing left to keep
+            self.gone.pop(name)
+            self.health.root_gone(name, None)
+        if not presence.intact:
+            return False
+        if presence.returned:
+            kept = sorted(stored - files.keys() - self.kept_keys)
+            held = holds(await anyio.to_thread.run_sync(read_lineage, root), self.lineage, self.marker_generation)
+            if held:
+                kept = []  # the same disk is back (a remount): it is the truth, compared as usual
+            elif kept:
+                self.kept_keys |= set(kept)
+                await anyio.to_thread.run_sync(save_kept, root, self.kept_keys)
+            (log.info if held else log.warning)(
+                "root_returned", root=root.path, files=len(files), kept=len(kept),
+                detail="this namespace's disk again: compared with the store as usual" if held else
+                "not this namespace's disk (no lineage record): the stored files it lacks are kept, never deleted "
+                "for their absence, until the host writes them again")
+        if self.gone.pop(name, None) is not None:
+            self.health.root_gone(name, None)
+        assert now is not None  # intact: present
+        self.root_ids[name] = now
+        if reports is not None and self.reported.get(name) == reports:
+            del self.reported[name]  # a report that came during the scan waits for the next one
+        return True
 
     def _keep_root(self, root: Root, has_files: bool, keep: RootKeep) -> None:
         """Apply :func:`~sidecar.plan.plan_root_keep` to the roots whose stored files are kept

@@ -52,7 +52,7 @@ from typing import Awaitable, Callable
 import anyio
 
 from sidecar import log
-from sidecar.namespace import describe_identity
+from sidecar.namespace import command_for, describe_identity, variables_for
 from sidecar.store.base import (  # noqa: F401 (the version constants are part of this module's interface)
     MAX_FLOOR_GENERATION,
     OWN_NAMESPACE,
@@ -98,26 +98,29 @@ class IdentityConflict(Exception):
     """The namespace belongs to another compute identity (one line: both identities, the fix)."""
 
 
-def conflict(marker: dict, identity: dict[str, str], namespace: str) -> str | None:
+def conflict(marker: dict, identity: dict[str, str], namespace: str, store_url: str = "") -> str | None:
     """Why a sidecar of ``identity`` must not use the namespace whose owner marker is ``marker``;
     None when it may (the same identity, or a marker that records none). A sidecar without an
     identity never takes a namespace whose marker records one, and none takes one whose marker
-    it cannot read (it may record another identity)."""
+    it cannot read (it may record another identity). ``store_url`` (``SIDECAR_STORE``): the
+    store the hints' commands name (:func:`sidecar.namespace.command_for`)."""
     where = namespace or "(top of the store)"
+    release = command_for("release", store_url, namespace)
     if isinstance(marker, dict) and marker.get(UNREADABLE):
         key = f"{namespace}/{OWNER_KEY}" if namespace else OWNER_KEY
         return (f"the owner marker {key!r} of the store namespace {where!r} cannot be read ({marker[UNREADABLE]}): "
                 "whose namespace it is cannot be told, so this sidecar does not take it over. Look at it; if "
-                "no other session owns the namespace, hand it over (this rewrites the marker): "
-                f"SIDECAR_PREFIX={namespace!r} SIDECAR_SESSION_NAMESPACE=off checkpoint-sidecar release")
+                f"no other session owns the namespace, hand it over (this rewrites the marker): {release}")
     theirs = marker_identity(marker)
     if not theirs or theirs == identity:
         return None
     if not identity:
         return (f"the store namespace {where!r} belongs to {describe_identity(theirs)}, and this sidecar has no "
                 "identity (no session id, and SIDECAR_PREFIX refers to no variable): it must not take over a "
-                "session's namespace. Run it with the session's identity, or hand the namespace over first: "
-                f"SIDECAR_PREFIX={namespace!r} SIDECAR_SESSION_NAMESPACE=off checkpoint-sidecar release")
+                "session's namespace. Run it with that identity, with these variables: "
+                f"{variables_for(store_url, namespace, theirs)}; "
+                "or, once that session has ended (release refuses a live one), hand the namespace over to any "
+                f"identity: {release}. Reading it needs neither: restore --as-of into empty roots, history, status")
     return (f"the store namespace {where!r} belongs to {describe_identity(theirs)}, "
             f"and this sidecar is {describe_identity(identity)}: two sessions must not share a namespace. "
             "Give each its own: leave SIDECAR_PREFIX without variables and SIDECAR_SESSION_NAMESPACE=auto "
@@ -195,12 +198,12 @@ def marker_generation(marker: dict) -> int:
     return max(_stamp(marker.get("generation")), _stamp(marker.get(STORED_VERSION))) >> 32
 
 
-async def check_identity(store: Store, identity: dict[str, str], namespace: str) -> int:
+async def check_identity(store: Store, identity: dict[str, str], namespace: str, store_url: str = "") -> int:
     """Raise :class:`IdentityConflict` when the namespace's owner is of another identity (or this
     sidecar has none and the owner has one); else the marker's generation (:func:`marker_generation`).
     One read."""
     marker = await read_marker(store)
-    why = conflict(marker, identity, namespace)
+    why = conflict(marker, identity, namespace, store_url)
     if why:
         raise IdentityConflict(why)
     return marker_generation(marker)
@@ -218,27 +221,34 @@ class Taken:
 
 
 async def take_for_restore(store: Store, identity: dict[str, str], namespace: str, *, take: bool = True,
-                           wait: float = PRUNE_WAIT_SECONDS, poll: float = 0.5) -> Taken:
+                           wait: float = PRUNE_WAIT_SECONDS, poll: float = 0.5, store_url: str = "",
+                           check: bool = True) -> Taken:
     """:func:`check_identity` for a sidecar about to restore, and its side of pruning. A prune
     marker in phase ``deleting`` is waited for (polled, at most ``wait`` seconds: then a
     :class:`StoreError`) until it is gone, and the namespace starts empty (one line says so).
     With ``take`` (``sync``, ``run``), a ``pending`` prune marker or a released one is replaced at
     once by ours (a higher stamp of the same generation, a fresh heartbeat: live to ``prune``), a compare-and-swap, so
-    that no prune can delete what the restore is reading: prune's own swap then fails."""
+    that no prune can delete what the restore is reading: prune's own swap then fails.
+    ``check`` False (``take`` False only: a read that writes nothing to the store, ``restore
+    --as-of`` into empty roots): the identity is not checked. ``store_url``: for the hints."""
+    if take and not check:
+        raise ValueError("a sidecar that takes the namespace over checks its identity")
     deadline = time.monotonic() + wait
     where = namespace or "(top of the store)"
     pruned = False
     while True:
         marker, info = await read_marker_info(store)
-        why = conflict(marker, identity, namespace)
+        why = conflict(marker, identity, namespace, store_url) if check else None
         if why:
             raise IdentityConflict(why)
         phase = prune_phase(marker)
         if phase == PRUNE_DELETING:
             if time.monotonic() >= deadline:
+                finish = command_for("prune --older-than 7d", store_url, namespace)
                 raise StoreError(f"the store namespace {where!r} has been being pruned for {wait:.0f} s and the prune "
                                  f"has not ended (its marker {OWNER_KEY!r} says deleting): if no prune runs any more, "
-                                 "run checkpoint-sidecar prune --older-than 0s to finish it, then start again")
+                                 f"finish it (a dead prune's namespace is finished at once, whatever --older-than "
+                                 f"says): {finish}; then start again")
             if not pruned:
                 log.warning("namespace_being_pruned", namespace=log.printable(where),
                             detail="a prune is deleting this namespace (its session had ended): waiting for it to end")
@@ -355,8 +365,9 @@ class Fence:
                  on_wait: Callable[[float | None], None] | None = None, floor: int | None = None,
                  clock: Callable[[], float] | None = None,
                  sleep: Callable[[float], Awaitable[None]] | None = None,
-                 taken: Taken | None = None, interval: float | None = None) -> None:
+                 taken: Taken | None = None, interval: float | None = None, store_url: str = "") -> None:
         self.store = store
+        self.store_url = store_url  # SIDECAR_STORE, for the hints of a refusal (conflict)
         #: what the start-up's take_for_restore wrote (its marker stands for the one it replaced)
         self.taken = taken
         #: SIDECAR_HEARTBEAT_INTERVAL, recorded in the marker for prune (None: not recorded)
@@ -422,7 +433,7 @@ class Fence:
 
     async def claim(self) -> None:
         current = await self._read()
-        why = conflict(current, self.identity, self.namespace)
+        why = conflict(current, self.identity, self.namespace, self.store_url)
         if not why and prune_phase(current) == PRUNE_DELETING:
             why = (f"the store namespace {self.namespace or '(top of the store)'!r} is being pruned (its session had "
                    "ended when checkpoint-sidecar prune began): what this sidecar restored may be half deleted, so "
@@ -447,7 +458,7 @@ class Fence:
         sent = self.clock()
         # a compare-and-swap on the marker as read: of two claims from one read, one lands
         if not await self._write(stamp, if_version=current.get(STORED_VERSION, 0)):  # as stored
-            self.fenced = (conflict(await self._read(), self.identity, self.namespace)
+            self.fenced = (conflict(await self._read(), self.identity, self.namespace, self.store_url)
                            or "another sidecar claimed this store prefix at the same moment")
             self._claimed.set()
             log.error("fenced", detail=self.fenced)
@@ -551,7 +562,7 @@ class Fence:
     def _fence(self, marker: dict, theirs: int) -> None:
         who = (f"a newer sidecar (generation {theirs >> 32})" if theirs >> 32 != self.generation else
                f"another sidecar that claimed generation {theirs >> 32} at the same moment")
-        self.fenced = (conflict(marker, self.identity, self.namespace) or
+        self.fenced = (conflict(marker, self.identity, self.namespace, self.store_url) or
                        f"{who} owns this store prefix; this one (generation {self.generation}) stopped writing")
         log.error("fenced", detail=self.fenced)
         raise Fenced(self.fenced)

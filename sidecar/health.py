@@ -1,11 +1,12 @@
 """Health: the one owner of what ``/livez`` and ``/readyz`` report.
 
 Every degradation is recorded here, each by the part that sees it, through a method (never by
-setting attributes): the daemon's phase and the roots it cannot read, the restore's phase, the
-watcher's polling (:meth:`Health.watch_polling`), the store failing (:meth:`Health.store_degraded`,
-from :class:`sidecar.retry.StoreHealth`), the fence's wait for a predecessor's write window
-(:meth:`Health.uploads_wait_until`) and being fenced (:attr:`Phase.FENCED`). Readers (``http.py``)
-read this object only. Plain data on the event loop, no I/O; times are ``time.monotonic()``.
+setting attributes): the daemon's phase, the roots it cannot read and those gone as a whole, the
+restore's phase, the watcher's polling (:meth:`Health.watch_polling`), the store failing
+(:meth:`Health.store_degraded`, from :class:`sidecar.retry.StoreHealth`), the fence's wait for a
+predecessor's write window (:meth:`Health.uploads_wait_until`) and being fenced
+(:attr:`Phase.FENCED`). Readers (``http.py``) read this object only. Plain data on the event
+loop, no I/O; times are ``time.monotonic()``.
 """
 
 from __future__ import annotations
@@ -65,6 +66,9 @@ class Health:
     namespace: str = ""  # the resolved store namespace, as shown to operators ('' for the top)
     #: roots the sidecar cannot read (name -> why): not ready while any
     unreadable_roots: dict[str, str] = field(default_factory=dict)
+    #: roots gone as a whole while the store holds their files (name -> why, said in /readyz):
+    #: not ready while any; nothing stored of them is deleted
+    gone_roots: dict[str, str] = field(default_factory=dict)
     #: monotonic time before which uploads wait for a predecessor's write window (None: no wait)
     uploads_wait: float | None = None
     #: monotonic time store operations began failing (None: they work)
@@ -93,6 +97,19 @@ class Health:
             self.unreadable_roots.pop(name, None)
         else:
             self.unreadable_roots[name] = why_not
+        self._count_roots()
+
+    def root_gone(self, name: str, why: str | None) -> None:
+        """The root ``name`` is gone as a whole (``why``: what /readyz says), or back (None)."""
+        if why is None:
+            self.gone_roots.pop(name, None)
+        else:
+            self.gone_roots[name] = why
+        self._count_roots()
+
+    def _count_roots(self) -> None:
+        if metrics.loaded() or self.unreadable_roots or self.gone_roots:
+            metrics.ROOTS_UNREADABLE.set(len(self.unreadable_roots.keys() | self.gone_roots.keys()))
 
     def store_degraded(self, since: float | None) -> None:
         """Told by the uploader's StoreHealth when store operations began failing (None: they work)."""
@@ -126,11 +143,16 @@ class Health:
 
     @property
     def ready(self) -> bool:
-        return self.phase == Phase.READY and not self.unreadable_roots
+        return self.phase == Phase.READY and not self.unreadable_roots and not self.gone_roots
 
     @property
     def not_ready_because(self) -> str:
         """Why the sidecar is not ready (its phase's reason, or what it cannot read)."""
-        if self.phase == Phase.READY and self.unreadable_roots:
-            return "; ".join(self.unreadable_roots.values()) + " (nothing of it is mirrored: run the sidecar as the host's user)"
-        return self.reason
+        if self.phase != Phase.READY or not (self.unreadable_roots or self.gone_roots):
+            return self.reason
+        why = []
+        if self.unreadable_roots:
+            why.append("; ".join(self.unreadable_roots.values())
+                       + " (nothing of it is mirrored: run the sidecar as the host's user)")
+        why.extend(self.gone_roots.values())
+        return "; ".join(why)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import stat
-from typing import Protocol
+from typing import Callable, Protocol
 
 from sidecar import log, metrics
 from sidecar.known import StoreState
@@ -35,11 +35,15 @@ class Intents(Protocol):
 
 
 class Hints:
-    def __init__(self, roots: list[Root], ignore: IgnoreRules, known: StoreState, intents: Intents) -> None:
+    def __init__(self, roots: list[Root], ignore: IgnoreRules, known: StoreState, intents: Intents,
+                 intact: Callable[[Root], bool] = lambda root: True) -> None:
         self.roots = roots
         self.ignore = ignore
         self.known = known
         self.intents = intents
+        #: whether a root is the directory being mirrored (not gone, not replaced): only then does
+        #: a path missing in it mean that the host deleted a file (the daemon's rule)
+        self.intact = intact
         self._warned = log.Once()
 
     def mark_paths(self, paths: list[str]) -> None:
@@ -47,14 +51,25 @@ class Hints:
 
         A batch comes in no particular order (watchfiles hands over a set), so its deletions are
         queued after all of its uploads: "write B, then delete A" (or a renamed directory) must
-        never have A gone from the store before B is in it."""
+        never have A gone from the store before B is in it. A root that is not intact (removed or
+        replaced as a whole) deletes nothing: its next scan decides."""
         gone: list[str] = []
         replaced: list[str] = []
         for path in paths:
             self._mark_path(path, gone, replaced)
+        intact: dict[str, bool] = {}
+        by_name = {r.name: r for r in self.roots}
+
+        def deletes_in(key: str) -> bool:
+            name = key.partition("/")[0]
+            if name not in intact:
+                intact[name] = name in by_name and self.intact(by_name[name])
+            return intact[name]
+
         for key in gone:
-            self._mark_gone(key)
-        self._mark_replaced(replaced)
+            if deletes_in(key):
+                self._mark_gone(key)
+        self._mark_replaced([k for k in replaced if deletes_in(k)])
 
     def _mark_replaced(self, keys: list[str]) -> None:
         """A file now lies where the store holds the other shape (a file ``a`` where ``a/x`` is

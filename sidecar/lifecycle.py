@@ -334,7 +334,8 @@ async def restore_as_of(settings: Settings, roots: list[Root], store: Store, whe
     seconds before the store's now) from its restore points (:mod:`sidecar.pointrestore`). Reads
     only: neither claims the namespace nor writes to the store. Exit 0 once filled; 1 when no point
     is at or before the time, a root holds files (without ``--force-restore``), a point is
-    unreadable or the store cannot be read; 2 for another identity's namespace."""
+    unreadable or the store cannot be read; 2 for another identity's namespace with
+    ``--force-restore`` (into empty roots, without it, any identity may read it)."""
     import time
     from functools import partial
 
@@ -350,8 +351,11 @@ async def restore_as_of(settings: Settings, roots: list[Root], store: Store, whe
     deadline = time.monotonic() + 10.0
     try:
         await retry_transient(store.open, "open", deadline)
-        # (a prune deleting the namespace is waited for; nothing is written: take=False)
-        taken = await retry_transient(partial(take_for_restore, store, ns.identity, ns.path, take=False),
+        # (a prune deleting the namespace is waited for; nothing is written: take=False). Into
+        # empty roots (no --force-restore) it only reads: another identity's namespace will do,
+        # nothing of this compute is mixed into it (a sidecar started here later is checked)
+        taken = await retry_transient(partial(take_for_restore, store, ns.identity, ns.path, take=False,
+                                              store_url=settings.store, check=settings.restore == "force"),
                                       "read the owner marker", deadline)
         done = await fill(store, roots, when, ago, force=settings.restore == "force",
                           lineage=lineage_of(store, ns.path, taken.generation), ignore=IgnoreRules(settings.ignore),
@@ -369,10 +373,50 @@ async def restore_as_of(settings: Settings, roots: list[Root], store: Store, whe
     return EXIT_OK
 
 
-async def release(settings: Settings, roots: list[Root]) -> int:
+async def _held_live(store: Store, live_within: float) -> str | None:
+    """Who holds the namespace live, and since when, in words (None: no live owner): its marker
+    judged by the store's clock, as ``sessions`` judges it (:func:`sidecar.sessionplan.owner`); a
+    prune deleting it counts too (a release would hand a half-deleted namespace to the next
+    sidecar)."""
+    from sidecar.fence import PRUNE_DELETING, marker_identity, prune_phase, read_marker_info
+    from sidecar.namespace import describe_identity
+    from sidecar.sessionplan import LIVE, PRUNING, owner
+
+    marker, info = await read_marker_info(store)
+    if info is None:
+        return None
+    now = await store.now()
+    who = owner(marker, info.modified, now, live_within)
+    if who == PRUNING and prune_phase(marker) == PRUNE_DELETING:
+        return (f"a prune is deleting it (its marker says deleting, written {_ago(info.modified, now)}), and a "
+                "release would hand the half-deleted namespace to the next sidecar: let checkpoint-sidecar prune "
+                "finish it")
+    if who != LIVE:
+        return None
+    held = log.printable(describe_identity(marker_identity(marker)))
+    return (f"its owner is live: {held} holds it, its marker last written {_ago(info.modified, now)} by the store's "
+            f"clock (live within SIDECAR_LIVE_WITHIN={live_within:g}s, or twice the heartbeat interval it records), "
+            "and a release would fence that running sidecar, losing what it has not stored yet: stop it first, or "
+            "wait until it is no longer live")
+
+
+def _ago(modified: float | None, now: float) -> str:
+    """``at <RFC 3339 UTC>, N s ago`` for a store time."""
+    import datetime
+
+    if modified is None:
+        return "at a time the store does not tell"
+    at = datetime.datetime.fromtimestamp(modified, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return f"at {at}, {max(0, round(now - modified))} s ago"
+
+
+async def release(settings: Settings, roots: list[Root], force: bool = False) -> int:
     """``checkpoint-sidecar release``: hand the namespace over to a sidecar of any identity
     (:func:`sidecar.fence.hand_over`), instead of deleting its owner marker. Creates nothing.
-    Exit 0 once released (or when there is no marker), 1 when the store cannot be reached."""
+    A live owner (its marker rewritten within ``SIDECAR_LIVE_WITHIN``, or twice the heartbeat
+    interval it records, by the store's clock: :func:`sidecar.sessionplan.owner`, as ``sessions``
+    tells it) is refused unless ``force``: the release would fence a running sidecar. Exit 0 once
+    released (or when there is no marker), 1 when the store cannot be reached, 2 refused."""
     import time
     from functools import partial
 
@@ -387,6 +431,10 @@ async def release(settings: Settings, roots: list[Root]) -> int:
     deadline = time.monotonic() + 10.0
     try:
         await retry_transient(store.open, "open", deadline)
+        if not force and (why := await retry_transient(partial(_held_live, store, settings.live_within),
+                                                       "read the owner marker", deadline)):
+            return fail(f"refusing to release the namespace {where!r} in {store.description}: {why}; or pass "
+                        "--force", EXIT_CONFIG)
         done = await retry_transient(partial(hand_over, store), "release the owner marker", deadline)
     except StoreError as e:
         return fail(f"cannot release the namespace {where!r} in {store.description}: {e}")

@@ -46,6 +46,17 @@ class Gaps:
         self.unstorable.extend(other.unstorable)
 
 
+def root_identity(path: str) -> tuple[int, int] | None:
+    """The root directory at ``path`` (a link to one followed, as the watcher does) as (st_dev,
+    st_ino); None when nothing, or something other than a directory, is there, or it cannot be
+    stat-ed: a root whose identity changes was removed or replaced as a whole."""
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return (st.st_dev, st.st_ino) if stat.S_ISDIR(st.st_mode) else None
+
+
 def absent(root: Root, rel: str) -> bool:
     """No regular file is at ``rel`` under ``root`` for sure: nothing there, or a non-file (a
     symlink, a directory). An error other than 'not found' (a parent unreadable, I/O) is not

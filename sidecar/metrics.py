@@ -50,6 +50,9 @@ def _build() -> dict[str, Any]:
         "RESTORED_BYTES": Counter(_P + "restored_bytes", "Bytes restored from the store", **r),
         "WATCH_POLLING": Gauge(_P + "watch_polling", "1 while the roots are rescanned on a timer because an inotify "
                                "limit (max_user_instances, max_user_watches) is used up, else 0", **r),
+        "ROOTS_UNREADABLE": Gauge(_P + "roots_unreadable", "Roots that cannot be read, or are gone as a whole (removed, "
+                                  "replaced, a mount gone) while the store holds their files: their stored files are "
+                                  "kept, never deleted for it; not ready while above 0", **r),
         "FENCE_WAIT": Gauge(_P + "fence_wait_seconds", "Seconds the uploads waited (at the claim) for a previous "
                             "owner's write window; 0 when it had released the namespace", **r),
         "QUARANTINED": Counter(_P + "restore_quarantined_objects", "Corrupt stored objects left out of a restore "

@@ -203,3 +203,86 @@ def _checked(ns: Namespace) -> Namespace:
     if len(ns.path.encode("utf-8", "surrogateescape")) > MAX_NAMESPACE_BYTES:
         raise NamespaceError(f"the namespace {ns.path[:60]!r}... is longer than {MAX_NAMESPACE_BYTES} bytes")
     return ns
+
+
+# -- a namespace addressed from a shell (the hints the sidecar prints) ------------------------------
+
+def public_store(url: str) -> tuple[str, bool]:
+    """``SIDECAR_STORE`` as a hint may print it, and whether a credential was left out: an http(s)
+    URL without its user, password and query (a SAS token), a directory made absolute (the hint
+    may be pasted elsewhere)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    text = url.strip()
+    try:
+        parts = urlsplit(text)
+    except ValueError:
+        return "<SIDECAR_STORE>", True
+    if parts.scheme.lower() in ("http", "https"):
+        host = parts.netloc.rsplit("@", 1)[-1]
+        hidden = bool(parts.query or "@" in parts.netloc or parts.fragment)
+        return urlunsplit((parts.scheme, host, parts.path, "", "")), hidden
+    if parts.scheme.lower() == "file":
+        return text, False
+    import os
+
+    return os.path.abspath(text), False
+
+
+def _quote(value: str) -> str:
+    """``value`` for a POSIX shell, on one line (a control character escaped, never raw)."""
+    import shlex
+
+    from sidecar.log import printable
+
+    return shlex.quote(printable(value))
+
+
+def _as_identity(namespace: str, identity: Mapping[str, str]) -> tuple[str, dict[str, str]] | None:
+    """A ``SIDECAR_PREFIX`` template and the variables with which, under
+    ``SIDECAR_SESSION_NAMESPACE=off``, :func:`resolve` gives exactly ``namespace`` and ``identity``:
+    each identity variable but the session's referred to where its value is a segment of the
+    namespace (the session's joins the identity by itself). None when one is not a segment."""
+    template = namespace.split("/") if namespace else []
+    for name, value in sorted(identity.items()):
+        if name == SESSION_VAR:
+            continue
+        try:
+            template[template.index(value)] = "{" + name + "}"
+        except ValueError:
+            return None
+    return "/".join(template), dict(sorted(identity.items()))
+
+
+def command_for(command: str, store_url: str, namespace: str, identity: Mapping[str, str] | None = None) -> str:
+    """The command line that runs ``checkpoint-sidecar <command>`` on ``namespace`` of the store
+    ``store_url``, whatever the environment it is pasted in says about sessions: the store and
+    the prefix as variables, ``SIDECAR_SESSION_NAMESPACE=off``, every value quoted for a POSIX
+    shell (:func:`variables_for`; ``command`` "": the variables alone)."""
+    words, notes = _variables(store_url, namespace, identity)
+    return " ".join([*words, f"checkpoint-sidecar {command}"] if command else words) + notes
+
+
+def variables_for(store_url: str, namespace: str, identity: Mapping[str, str] | None = None) -> str:
+    """The variables of :func:`command_for`, alone: with ``identity``, those that make a command
+    that identity (for a command that checks it): their template when it can be made, else the
+    line names them. A credential of the store URL (a SAS token) is never printed: the line
+    then says to add it."""
+    return command_for("", store_url, namespace, identity)
+
+
+def _variables(store_url: str, namespace: str, identity: Mapping[str, str] | None) -> tuple[list[str], str]:
+    store, hidden = public_store(store_url)
+    prefix, variables = namespace, dict[str, str]()
+    if identity:
+        made = _as_identity(namespace, identity)
+        if made is not None:
+            prefix, variables = made
+    words = [f"SIDECAR_STORE={_quote(store)}", f"SIDECAR_PREFIX={_quote(prefix)}", "SIDECAR_SESSION_NAMESPACE=off"]
+    words += [f"{k}={_quote(v)}" for k, v in variables.items()]
+    notes = ""
+    if identity and not variables:
+        notes += f" (as {describe_identity(identity)}, which SIDECAR_PREFIX must refer to)"
+    if hidden:
+        notes += " (add the store's SAS token, not shown here, to SIDECAR_STORE, or its credentials)"
+    return words, notes

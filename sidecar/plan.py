@@ -118,6 +118,50 @@ def plan_root_keep(*, initial: bool, has_files: bool, restored: bool, due: bool,
     return RootKeep(empty, due=not unproven and not recorded, incomplete=initial and cut_short)
 
 
+@dataclass(frozen=True)
+class RootPresence:
+    """What one scan says of a root as a whole (:func:`plan_root_presence`). ``intact``: the scan
+    shows the directory being mirrored, so what it lacks the host deleted; otherwise every stored
+    file of the root is kept for this reconcile. ``gone``: why the root counts as gone (warned,
+    unready), None when it does not. ``returned``: it is back (or another directory stands in its
+    place) with files; the stored files it lacks were not deleted by the host one by one."""
+
+    intact: bool = True
+    gone: str | None = None
+    returned: bool = False
+
+
+#: why a root counts as gone, by what stands at its path
+GONE_MISSING = "it no longer exists, or is not a directory"
+GONE_EMPTY = "an empty directory stands in its place"
+
+
+def plan_root_presence(*, present: bool, replaced: bool, was_gone: bool, stored: bool, seen: bool,
+                       has_files: bool) -> RootPresence:
+    """The rule for a root as a whole: what cannot be read is never taken for deleted.
+
+    ``present``: the root is a directory, the same one before and after the scan; ``replaced``: it
+    is not the directory the last scan saw (another identity, or it was reported removed itself and
+    carries no lineage record now); ``was_gone``: the last scan counted it gone; ``stored``: the
+    store holds files of it; ``seen``: it existed earlier in this run (or the restore filled it).
+
+    * A root that is not there (removed, a mount gone, a file or a dangling link in its place) is
+      not intact: nothing stored is deleted for it. It counts as gone when the store holds its
+      files and it existed in this run (a root the host has not made yet is only not there yet).
+    * A root back after it was gone, or replaced, with files: intact, ``returned``.
+    * Back, or replaced, but without files while the store holds some: still gone (an empty
+      stand-in, such as the mount point under a volume that went away, is not taken for the root:
+      at start, an empty root is filled from the store, never the other way round).
+    """
+    if not present:
+        return RootPresence(intact=False, gone=GONE_MISSING if stored and (seen or was_gone) else None)
+    if was_gone or replaced:
+        if not has_files and stored:
+            return RootPresence(intact=False, gone=GONE_EMPTY)
+        return RootPresence(returned=True)
+    return RootPresence()
+
+
 @dataclass
 class RootDecision:
     name: str

@@ -15,9 +15,15 @@ summary line; progress on stderr when it is a terminal. ``--pushgateway``: the g
 set, one line on stderr says so and names the prefix pruned. A dry run only reads (a read-only
 store will do).
 
+Durations carry their unit (:data:`sidecar.configtypes.UnitSeconds`: ``--older-than 7`` is
+refused, not seven seconds), and ``--older-than`` below :data:`FLOOR` needs ``--force``. A
+failure is one namespace's (:meth:`sidecar.pruner.Pruner.prune` never raises): one ``failed``
+line, the others go on.
+
 Exit codes (as ``prune --help`` says): 0 done (nothing eligible included); 1 the store cannot be
 listed (the directory or the container does not exist, too), or the push failed; 2 bad usage or
-configuration; 3 some eligible namespaces could not be pruned, or were refused because they hold
+configuration (a duration without its unit, ``--older-than`` below the floor without
+``--force``); 3 some eligible namespaces could not be pruned, or were refused because they hold
 what prune cannot delete (the others were; run it again)."""
 
 from __future__ import annotations
@@ -44,6 +50,9 @@ from sidecar.storeclient import open_store
 EXIT_PARTIAL = 3
 #: The store itself (the directory, the container) is not there: nothing can be listed.
 EXIT_MISSING = EXIT_FAIL
+#: The least --older-than taken without --force (seconds): below it prune would delete sessions
+#: merely idle (released minutes after their last turn on Foundry).
+FLOOR = 3600.0
 #: Namespaces pruned at once (each waits a grace of SIDECAR_FENCE_WINDOW + SIDECAR_FENCE_MARGIN).
 PARALLEL = 16
 #: The gauges pushed to --pushgateway (alert rules use these names).
@@ -96,11 +105,17 @@ def line(r: Result, prefix: str) -> str:
     return f"{r.outcome} {name}: {log.printable(r.why)}"
 
 
-async def command(settings: Settings, older_than: float, live_within: float, dry_run: bool,
-                  pushgateway: str | None) -> int:
-    """Prune (see the module docstring); the exit code."""
-    if pushgateway and (why := _bad_gateway(pushgateway)):
-        return fail(f"--pushgateway {log.redact(_without_userinfo(pushgateway))}: {why}", EXIT_CONFIG)
+async def command(settings: Settings, dry_run: bool, force: bool = False) -> int:
+    """Prune (see the module docstring): ``settings.older_than``, ``live_within`` and
+    ``pushgateway``; ``force`` lets ``older_than`` go below :data:`FLOOR`. The exit code."""
+    older_than, live_within, pushgateway = settings.older_than, settings.live_within, settings.pushgateway
+    if older_than is None:
+        return fail("prune needs --older-than DURATION (SIDECAR_OLDER_THAN): how long a namespace's last write must "
+                    "be past, with its unit, e.g. 7d", EXIT_CONFIG)
+    if older_than < FLOOR and not force:
+        return fail(f"--older-than {_shown_duration(older_than)} is below {_shown_duration(FLOOR)}: it would delete "
+                    f"sessions idle for less than that (a released session is only paused: on Foundry every idle "
+                    f"session is released minutes after its last turn); pass --force if that is meant", EXIT_CONFIG)
     try:
         settings, note = operator_settings(settings, os.environ)
     except NamespaceError as e:
@@ -141,25 +156,19 @@ async def command(settings: Settings, older_than: float, live_within: float, dry
     return code
 
 
+def _shown_duration(seconds: float) -> str:
+    """``seconds`` as a duration is written: ``1h``, ``30m``, ``90s``, ``1.5s``."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
+
+
 def _without_userinfo(text: str) -> str:
     """``text`` with the user name and password of any URL in it replaced by ``***``."""
     import re
 
     return re.sub(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/@\s]*@", r"\1***@", text)
-
-
-def _bad_gateway(url: str) -> str | None:
-    """Why ``--pushgateway`` cannot be used (checked before anything is pruned); None when it can."""
-    from urllib.parse import urlsplit
-
-    try:
-        parts = urlsplit(url if "://" in url else f"http://{url}")
-        parts.port  # noqa: B018 (raises on a bad port)
-    except ValueError as e:
-        return f"not a URL ({e})"
-    if parts.scheme not in ("http", "https") or not parts.hostname or " " in url:
-        return "not an http(s) URL with a host, e.g. http://pushgateway:9091"
-    return None
 
 
 async def _enclosing_namespace(settings: Settings, prefix: str) -> str | None:
@@ -221,7 +230,7 @@ async def _run(top: Store, pruner: Pruner, clock: StoreClock, tally: Tally, pref
                     g = ns.group
                     modified = g.marker.modified if g.marker is not None else None
                     if prunable(ns.owner, g.last_write, ns.marker, modified, clock.now(), pruner.older_than,
-                                pruner.live_within):
+                                pruner.live_within, versions=False):  # the pruner decides again, versions known
                         tally.eligible += 1
                         await send.send(ns)
                     else:

@@ -28,6 +28,7 @@ old (``deleting`` goes on deleting at once; ``pending`` starts over).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import uuid
@@ -37,7 +38,7 @@ from typing import Awaitable, Callable
 import anyio
 
 from sidecar import log
-from sidecar.errors import first_of
+from sidecar.errors import first_of, leaves
 from sidecar.fence import (
     OWNER_KEY,
     PRUNE_DELETING,
@@ -92,18 +93,23 @@ class Pruner:
     on_pending: Callable[[str], Awaitable[None]] | None = None
 
     async def prune(self, ns: Namespace) -> Result:
-        """Prune ``ns`` if it still may be (see the module docstring); never raises StoreError."""
+        """Prune ``ns`` if it still may be (see the module docstring). Never raises: whatever goes
+        wrong in one namespace (a store error, an object the store will not delete, a bug) is
+        that namespace's ``failed`` result, one line, and the run goes on with the others; a
+        namespace left ``deleting`` is finished by the next prune (:func:`sidecar.sessionplan.prunable`)."""
         name = ns.group.namespace
-        store = self.store_for(name)
+        try:
+            store = self.store_for(name)
+        except Exception as e:  # noqa: BLE001 (a store that cannot be made: this namespace's failure)
+            return Result(name, FAILED, why=_reason(e))
         try:
             await store.open()
             return await self._prune(store, ns)
-        except Lost as e:
-            return Result(name, FAILED, why=str(e))
-        except StoreError as e:
-            return Result(name, FAILED, why=str(e))
+        except Exception as e:  # noqa: BLE001 (Lost, StoreError, or any other: one line, never the run's end)
+            return Result(name, FAILED, why=_reason(e))
         finally:
-            await store.aclose()
+            with contextlib.suppress(Exception):
+                await store.aclose()
 
     async def _prune(self, store: Store, ns: Namespace) -> Result:
         name = ns.group.namespace
@@ -197,6 +203,15 @@ class Pruner:
                 await flush()
         await flush()
         return objects, size
+
+
+def _reason(e: Exception) -> str:
+    """A namespace's failure in words: a store's (or a lost marker's) own message; anything else
+    (the first exception of a group) named by its type."""
+    cause = next(leaves(e))
+    if isinstance(cause, (Lost, StoreError)):
+        return str(cause)
+    return f"{type(cause).__name__}: {cause}"
 
 
 #: A key no namespace holds, deleted to learn whether the store lets prune delete at all.

@@ -17,7 +17,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sidecar.fence import MAX_STAMP, PRUNE_DELETING, UNREADABLE, _number, is_released, prune_phase
+from sidecar.fence import (
+    MAX_STAMP,
+    PRUNE_DELETING,
+    PRUNE_OWNER,
+    STORED_VERSION,
+    UNREADABLE,
+    _number,
+    is_released,
+    prune_phase,
+)
 from sidecar.store.base import OWN_NAMESPACE, ObjectInfo
 
 #: The directory store's records directory (``store.dirfs.META_DIR``): never an object.
@@ -138,12 +147,17 @@ def owner(marker: dict | None, modified: float | None, now: float, live_within: 
 
 
 def prunable(who: str, last_write: float | None, marker: dict | None, marker_modified: float | None, now: float,
-             older_than: float, live_within: float) -> bool:
+             older_than: float, live_within: float, *, versions: bool = True) -> bool:
     """Whether a namespace may be pruned: its owner ended (released, stale, no marker) and its last
-    write is at least ``older_than`` seconds old (0: any age); or a prune of it died (its prune
-    marker unchanged for ``live_within``), which is finished. A stale namespace is also written
-    nothing for ``live_within`` (a sidecar that writes is not gone, whatever its marker says)."""
+    write is at least ``older_than`` seconds old (0: any age); or a prune of it died, which is
+    finished: at once when its marker proves a prune had it deleting (:func:`prune_owned`), else
+    once its prune marker is unchanged for ``live_within`` (a ``pending`` one starts over). A
+    stale namespace is also written nothing for ``live_within`` (a sidecar that writes is not
+    gone, whatever its marker says). ``versions`` False: the marker's stored version is not
+    known (a listing's read through another namespace's store), so only its fields count."""
     if who == PRUNING:
+        if prune_owned(marker, versions=versions):
+            return True
         return marker_modified is not None and now - marker_modified >= live_within
     if who not in ENDED:
         return False
@@ -157,3 +171,17 @@ def prunable(who: str, last_write: float | None, marker: dict | None, marker_mod
 def deleting(marker: dict | None) -> bool:
     """Whether a marker is a prune's in its deleting phase."""
     return bool(marker) and prune_phase(marker or {}) == PRUNE_DELETING
+
+
+def prune_owned(marker: dict | None, *, versions: bool = True) -> bool:
+    """Whether ``marker`` proves a prune had the namespace deleting: the phase ``deleting``, an
+    owner ``prune:<id>``, and (``versions``) stored at the very stamp it records, as prune writes
+    it (:func:`sidecar.fence.read_marker`'s stored version). A prune writes ``deleting`` only
+    by a compare-and-swap from its own ``pending`` marker after the grace: no sidecar claimed the
+    namespace meanwhile, and from then on none restores or claims it (it waits, or is fenced).
+    So no live session can be behind such a marker, and the next prune may finish what a dead
+    one left at once: what it deletes is what that prune was deleting."""
+    if not marker or not deleting(marker) or not str(marker.get("owner", "")).startswith(PRUNE_OWNER):
+        return False
+    stamp = _number(marker.get("generation"), int)
+    return not versions or (stamp > 0 and marker.get(STORED_VERSION) == stamp)

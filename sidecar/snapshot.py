@@ -322,8 +322,10 @@ class Committer:
     namespace), which it never bypasses."""
 
     def __init__(self, writer: Writer, roots: list[Root], ignore: IgnoreRules, known: StoreState, *,
-                 max_file_size: int, totals: Totals) -> None:
+                 max_file_size: int, totals: Totals, intact: Callable[[Root], bool] = lambda root: True) -> None:
         self.writer = writer
+        #: whether a root is the directory being mirrored: a commit deletes nothing while it is not
+        self.intact = intact
         self.roots_by_name = {r.name: r for r in roots}
         self.ignore = ignore
         self.known = known
@@ -358,7 +360,11 @@ class Committer:
                 elif key in self.known and absent(root, key.split("/", 1)[1]):
                     changes.append(Change(key, None, None))  # gone for sure: not merely unreadable
             after, _ = scan_root(root, self.ignore)
-            return changes if after == before else None
+            if after != before:
+                return None
+            if not self.intact(root):  # removed or replaced as a whole: not the host's deletes
+                changes = [c for c in changes if c.meta is not None]
+            return changes
 
         changes = await anyio.to_thread.run_sync(snapshot)
         if changes is None:

@@ -45,6 +45,10 @@ from sidecar.writer import Writer
 
 #: Store operations after which going idle also hands freed heap memory back to the system.
 TRIM_AFTER_OPS = 256
+#: Seconds a delete waits, after it was seen, before its root is checked and the delete sent: the
+#: deletions of an ``rm -rf`` of the whole root come before the root itself goes, and a root that
+#: goes as a whole deletes nothing (a burst of deletes waits this once, not once each).
+DELETE_SETTLE = 0.1
 #: Failures of a per-file operation that are neither the store's nor an unstable file's after which
 #: it is given up for now (the next reconcile tries again).
 INTERNAL_GIVE_UP = 5
@@ -62,6 +66,7 @@ class Uploader:
         max_file_size: int = 256 * 1024 * 1024,
         snapshot_roots: set[str] = frozenset(),  # type: ignore[assignment]
         on_degraded: Callable[[float | None], None] | None = None,
+        intact: Callable[[Root], bool] = lambda root: True,
     ) -> None:
         #: every write goes through it (claim, proof, version); it tells when we are fenced
         self.writer = writer
@@ -79,10 +84,15 @@ class Uploader:
         self.store_health = StoreHealth(on_degraded)
         #: for the metrics and the shutdown summary line
         self.totals = metrics.Totals()
-        self.hints = Hints(roots, ignore, self.known, self)
+        #: whether a root is the directory being mirrored: a delete is sent only while it is (a root
+        #: removed or replaced as a whole deletes nothing; the daemon's next scan decides)
+        self.intact = intact
+        self.hints = Hints(roots, ignore, self.known, self, intact)
         self.committer = Committer(writer, roots, ignore, self.known, max_file_size=max_file_size,
-                                   totals=self.totals)
+                                   totals=self.totals, intact=intact)
         self._dirty_since: dict[str, float] = {}
+        #: when each queued delete was last seen (monotonic), for :data:`DELETE_SETTLE`
+        self._delete_seen: dict[str, float] = {}
         self._wake = anyio.Event()
         self._idle = anyio.Event()
         self._idle.set()
@@ -110,6 +120,8 @@ class Uploader:
             self._dirty_since.setdefault(key, time.monotonic())
             if not self.known.has_dir(key.rpartition("/")[0]):
                 self.known.note_dirs((key,))
+        else:
+            self._delete_seen[key] = time.monotonic()
         self._set_for(key).mark(key, kind)
 
     def mark_keys(self, upload: list[str] = (), delete: list[str] = ()) -> None:  # type: ignore[assignment]
@@ -195,12 +207,17 @@ class Uploader:
 
     async def _handle(self, op: Op) -> None:
         started = self._dirty_since.pop(op.key, None) if op.kind == UPLOAD else None
+        seen = self._delete_seen.pop(op.key, None)
         retry = self.store_health.retry(path=op.key, op=op.kind)
         while True:
             try:
                 await self.writer.ready()  # before the file is read: the claim's wait holds no memory
                 if op.kind == UPLOAD:
                     await self._upload(op, started)
+                elif not await self._root_settled(op.key, seen):
+                    # its root went (or was replaced) since the delete was queued: not the host's
+                    # delete of one file; dropped, the scan the watcher runs for the root decides
+                    log.debug("delete_held", path=op.key, detail="its root is gone or was replaced")
                 else:
                     await self.writer.delete(op.key)
                     self.known.deleted(op.key)
@@ -215,6 +232,14 @@ class Uploader:
                 if not await retry.failed(e, give_up=INTERNAL_GIVE_UP):
                     self.pending.done(op)  # given up for now; the next reconcile tries again
                     return
+
+    async def _root_settled(self, key: str, seen: float | None) -> bool:
+        """Whether ``key``'s root is still the directory being mirrored :data:`DELETE_SETTLE` after
+        its delete was seen (a delete is never sent for a root that went as a whole)."""
+        if seen is not None:
+            await anyio.sleep(max(0.0, seen + DELETE_SETTLE - time.monotonic()))
+        root = self.roots_by_name.get(key.partition("/")[0])
+        return root is None or await anyio.to_thread.run_sync(self.intact, root)
 
     def _succeeded(self, retry: Retry) -> None:
         retry.succeeded()
@@ -281,7 +306,8 @@ class Uploader:
         try:
             return await anyio.to_thread.run_sync(read_for_upload, root, parts, self.max_file_size, read_max)
         except Vanished:
-            # gone since the hint: mirror the delete, behind the barrier like any other
+            # gone since the hint: mirror the delete, behind the barrier like any other (unless the
+            # whole root went: then the worker holds it back)
             if op.key in self.known:
                 self.mark(op.key, DELETE)
         except TooLarge as e:

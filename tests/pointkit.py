@@ -10,6 +10,7 @@ import anyio
 
 from sidecar.points import FULL, INCR, PointEntry, PointHeader, encode_point, point_key
 from sidecar.store.base import ObjectInfo, ObjectMeta
+from tests.memstore import FakeClock
 
 
 async def objects(store: Any) -> dict[str, ObjectInfo]:
@@ -52,15 +53,18 @@ async def write_point(store: Any, seq: int, keys: Iterable[str] | None = None, *
 
 async def after(store: Any, t: float | None, deadline: float = 10.0) -> None:
     """Wait until the store's clock is past ``t`` (its Last-Modified has a second's grain on
-    Azure): a probe object is written until its time is later."""
+    Azure): a probe object is written until its time is later. A memory store's fake clock is
+    waited on by moving it (its ``sleep``)."""
     assert t is not None
+    clock = getattr(store, "clock", None)
+    sleep = clock.sleep if isinstance(clock, FakeClock) else anyio.sleep
     with anyio.fail_after(deadline):
         while True:
             info = await put_blob(store, ".sidecar/probe", b"x")
             if info.modified is not None and info.modified > t:
                 await store.delete(".sidecar/probe")
                 return
-            await anyio.sleep(0.05)
+            await sleep(0.05)
 
 
 class Counting:

@@ -8,6 +8,8 @@ It understands just enough HTTP to act per request: it reads one request (head a
   the request never reaches the store, exactly like a throttling front end,
 * ``hold``: keeps every request waiting until released; a request whose client gives up (closes
   the connection) meanwhile is dropped, never forwarded,
+* ``hold_if``: the same for the requests a predicate picks (given the request's :class:`Record`),
+  e.g. every DELETE: a gate at an exact point of the sidecar's work, not a race against a timer,
 
 and otherwise forwards it on a connection of its own to the upstream and relays the response
 (``Content-Length``, ``chunked``, bodiless, or read to close). Every request is recorded in
@@ -32,6 +34,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 from urllib.parse import unquote, urlsplit
 
 HOP_HEADERS = {"connection", "keep-alive", "proxy-connection"}
@@ -129,6 +132,7 @@ class Proxy:
         self.latency = 0.0
         self.fail_with: list[int] = []
         self.hold = False
+        self.hold_if: Callable[[Record], bool] | None = None
         self.refuse_connect: int | None = None  # answer CONNECT with this status instead of tunnelling
         self.records: list[Record] = []
         self.connects: list[str] = []  # CONNECT request lines
@@ -158,13 +162,15 @@ class Proxy:
 
     # -- knobs ----------------------------------------------------------------------------------
     def set(self, *, latency: float | None = None, fail_with: list[int] | None = None,
-            hold: bool | None = None) -> None:
+            hold: bool | None = None, hold_if: Callable[[Record], bool] | None = None) -> None:
         if latency is not None:
             self.latency = latency
         if fail_with is not None:
             self.fail_with = list(fail_with)
         if hold is not None:
             self.hold = hold
+        if hold_if is not None:
+            self.hold_if = hold_if
 
     def count(self, action: str | None = None, status: int | None = None, method: str | None = None) -> int:
         return sum(1 for r in list(self.records)
@@ -251,7 +257,7 @@ class Proxy:
                              {k.lower(): v for k, v in headers if k.lower().startswith("x-ms-meta-")}, "")
                 self.records.append(rec)
                 try:
-                    await self._wait(reader)
+                    await self._wait(reader, rec)
                 except _ClientGone:
                     rec.action = "dropped"
                     return
@@ -309,10 +315,10 @@ class Proxy:
 
         await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
 
-    async def _wait(self, reader: asyncio.StreamReader) -> None:
-        """Apply latency and hold; raise _ClientGone when the client closed meanwhile."""
+    async def _wait(self, reader: asyncio.StreamReader, rec: Record) -> None:
+        """Apply latency, hold and hold_if; raise _ClientGone when the client closed meanwhile."""
         deadline = time.monotonic() + self.latency
-        while self.hold or time.monotonic() < deadline:
+        while self.hold or (self.hold_if is not None and self.hold_if(rec)) or time.monotonic() < deadline:
             if reader.at_eof():
                 raise _ClientGone()
             await asyncio.sleep(min(0.01, max(0.0, deadline - time.monotonic())) or 0.01)

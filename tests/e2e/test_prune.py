@@ -39,7 +39,7 @@ def test_prune_takes_the_ended_sessions_and_leaves_the_live_one(tmp_path, issue_
     owners = {row["namespace"]: row["owner"] for row in map(json.loads, listed.stdout.splitlines())}
     assert owners == {"approvals/sess-live": "live", "approvals/sess-a": "released", "approvals/sess-b": "released"}
 
-    pruned = subprocess.run([sys.executable, "-m", "sidecar", "prune", "--older-than", "0s"], env=env, cwd=tmp_path,
+    pruned = subprocess.run([sys.executable, "-m", "sidecar", "prune", "--older-than", "0s", "--force"], env=env, cwd=tmp_path,
                             capture_output=True, text=True, timeout=120)
     assert pruned.returncode == 0, pruned.stderr
     assert "pruned 2 namespaces" in pruned.stdout, pruned.stdout

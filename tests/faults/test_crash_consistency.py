@@ -3,18 +3,18 @@
 A writer mimics the AgentServer host at every superstep: it rewrites the checkpoints store (which
 keeps every checkpoint) and then the bindings store, which points at the newest checkpoint. The
 disk therefore only ever holds ``bindings == n`` with ``checkpoints == 0..n`` or ``0..n+1``. The
-sidecar is SIGKILLed at random points while the writer runs, and after each kill the store is
-restored into an empty directory and checked against that rule.
+sidecar process is SIGKILLed while the writer runs, each time right after a commit of that round
+landed (an event, never a timer), and after each kill the store is restored into an empty directory
+and checked against that rule. Every crash point of a run is enumerated in process by
+tests/integration/test_crash_enumeration.py; this test keeps the real SIGKILL.
 """
 
 from __future__ import annotations
 
 import json
-import random
 import shutil
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -24,6 +24,7 @@ pytestmark = pytest.mark.faults
 
 WRITER = r"""
 import json, os, random, sys, time
+random.seed(int(sys.argv[2]))
 root = sys.argv[1]
 d = os.path.join(root, "state_stores")
 os.makedirs(d, exist_ok=True)
@@ -59,20 +60,32 @@ def consistent(state_dir) -> tuple[bool, str]:
     return b in (len(ids) - 1, len(ids) - 2), f"bindings -> {b} with checkpoints 0..{len(ids) - 1}"
 
 
+ROUNDS = 6
+
+
+def _stored_binding(store) -> bytes | None:
+    path = store / "state" / "state_stores" / "bindings.json"
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return None
+
+
 def test_every_restorable_state_is_one_the_disk_had(tmp_path):
-    rng = random.Random(20261130)
     work, store = tmp_path / "work", tmp_path / "store"
     state = work / "state"
     state.mkdir(parents=True)
-    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(state)])
+    writer = subprocess.Popen([sys.executable, "-c", WRITER, str(state), "20261130"])
     seen_bundles = 0
     try:
         wait_for(lambda: (state / "state_stores" / "bindings.json").exists(), 10, "writer started")
-        for round_ in range(12):
+        for round_ in range(ROUNDS):
+            before = _stored_binding(store)
             sc = Sidecar(work, "sync", "--store", str(store), "--roots", str(state), "--commit", "snapshot",
                          "--log-level", "debug")
             sc.wait_event("ready")
-            time.sleep(rng.uniform(0.02, 0.25))  # the fault injection point, not a synchronisation
+            # killed right after a commit of this round landed, while the next ones are under way
+            wait_for(lambda: _stored_binding(store) != before, 30, "a commit of this round")  # noqa: B023
             sc.kill()
             seen_bundles += (store / ".sidecar" / "bundles" / "state").exists()
             fresh = tmp_path / f"restored-{round_}" / "state"
@@ -89,4 +102,4 @@ def test_every_restorable_state_is_one_the_disk_had(tmp_path):
     finally:
         writer.kill()
         writer.wait()
-    print(f"bundles left behind by kills: {seen_bundles}/12")
+    print(f"bundles left behind by kills: {seen_bundles}/{ROUNDS}")

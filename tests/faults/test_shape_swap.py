@@ -88,7 +88,7 @@ def test_a_swap_deletes_the_replaced_shape_with_the_change(kind, direction, tmp_
         wait_for(lambda: stores.tree() == disk_tree(cps), 30, "the seed to be stored")
         swap(cps, direction, tmp_path / "parked")
         wait_for(lambda: stores.tree() == disk_tree(cps), 30, "the store to hold the new shape only, without a rescan",
-                 diagnostics=lambda: f"; store holds {sorted(stores.tree() or ())}", interval=0.05)
+                 diagnostics=lambda: f"; store holds {sorted(stores.tree() or ())}\n{sc.log()[-4000:]}", interval=0.05)
         assert sc.stop() == 0, sc.log()[-3000:]
     finally:
         sc.kill()
@@ -131,24 +131,25 @@ def test_a_crash_between_the_new_shapes_upload_and_the_old_ones_delete(direction
     try:
         sc.wait_event("ready", 30)
         wait_for(lambda: stores.tree() == disk_tree(cps), 30, "the seed to be stored")
-        proxy.set(latency=1.0)  # time enough to hold the delete that follows the upload
+        old = ["a"] if direction == "file-to-dir" else ["d/x", "d/y"]
+        old_keys = {f".checkpoints/{k}" for k in old}
+        proxy.set(hold_if=lambda r: r.method == "DELETE" and r.blob in old_keys)  # the crash point
         new_key = swap(cps, direction, tmp_path / "parked")
 
-        def uploaded() -> bool:
-            if any(r.blob == new_key and r.method == "PUT" and r.status == 201 for r in list(proxy.records)):
-                proxy.set(hold=True)
-                return True
-            return False
+        def at_the_crash_point() -> bool:
+            records = list(proxy.records)
+            return (any(r.blob == new_key and r.method == "PUT" and r.status == 201 for r in records)
+                    and any(r.method == "DELETE" and r.blob in old_keys for r in records))
 
-        wait_for(uploaded, 30, "the new shape's upload", interval=0.002)
-        sc.kill()  # SIGKILL: the new shape is stored, the old one not deleted yet
+        wait_for(at_the_crash_point, 30, "the new shape's upload, then the old one's delete (held)",
+                 diagnostics=lambda: f"\n{sc.log()[-3000:]}")
+        sc.kill()  # SIGKILL: the new shape is stored, the old one's delete never reached the store
         held = sorted(stores.tree() or ())
-        old = ["a"] if direction == "file-to-dir" else ["d/x", "d/y"]
         assert set(old) <= set(held) and new_key.split("/", 1)[1] in held, held  # both shapes stored
         assert restore_fresh(stores, tmp_path) == disk_tree(cps)  # the new shape only
         sync_fresh(stores, tmp_path)
     finally:
-        proxy.set(hold=False)
+        proxy.hold_if = None
         sc.kill()
         proxy.stop()
         stores.drop()

@@ -7,6 +7,7 @@ Real ``sync``/``restore``/``release`` processes on both stores.
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import pytest
@@ -64,6 +65,19 @@ def test_a_sidecar_without_identity_never_takes_a_sessions_namespace(target, tmp
         assert "restore_decision" not in events, f"{command} read the namespace before refusing"
     assert disk_tree(intruder / ".checkpoints") == {}  # nothing restored
     assert marker(target, "agent/s1") == before  # never claimed: the owner is not fenced
+
+    # the hint, pasted as printed (in an environment naming another store and session): it names
+    # the store and the namespace, and release refuses the live owner, which goes on mirroring
+    hint = line.split("hand the namespace over to any identity: ", 1)[1].split(". Reading it", 1)[0]
+    words = shlex.split(hint)
+    assigned = dict(w.split("=", 1) for w in words if "=" in w and not w.startswith("-"))
+    assert words[len(assigned):] == ["checkpoint-sidecar", "release"], hint
+    assert assigned["SIDECAR_STORE"] == target.url and assigned["SIDECAR_PREFIX"] == "agent/s1", hint
+    pasted = run_cli("release", cwd=intruder, env={**target.env(SIDECAR_PREFIX="elsewhere", FOUNDRY_AGENT_SESSION_ID="s9",
+                                                                SIDECAR_STORE=str(tmp_path / "default-store")),
+                                                   **assigned})
+    assert pasted.returncode == 2 and "its owner is live" in pasted.stderr, pasted.stderr
+    assert marker(target, "agent/s1") == before
     write_atomic(tmp_path / "s1" / ".checkpoints" / "r" / "private.json", b"s1 goes on")
     wait_for(lambda: target.read("agent/s1/.checkpoints/r/private.json") == b"s1 goes on", 20, "s1 still mirrored")
     assert not owner.has_event("fenced")
@@ -103,7 +117,13 @@ def test_release_hands_a_namespace_over(target, tmp_path):
 
 def test_release_under_a_running_owner_fences_it(target, tmp_path):
     owner, work = live_session(target, tmp_path)
-    r = run_cli("release", cwd=tmp_path, env=target.env(**NO_IDENTITY))
+    before = marker(target, "agent/s1")
+    refused = run_cli("release", cwd=tmp_path, env=target.env(**NO_IDENTITY))  # live: refused without --force
+    assert refused.returncode == 2, refused.stderr
+    [line] = error_lines(refused.stderr)
+    assert "its owner is live: FOUNDRY_AGENT_SESSION_ID=s1 holds it" in line and "--force" in line, line
+    assert marker(target, "agent/s1") == before
+    r = run_cli("release", "--force", cwd=tmp_path, env=target.env(**NO_IDENTITY))
     assert r.returncode == 0, r.stderr
     assert "if that sidecar still runs it is fenced at its next write" in r.stdout
     assert marker(target, "agent/s1")["heartbeat"] != 0  # the next claim waits out the owner's window
@@ -136,7 +156,7 @@ def test_release_after_a_rolled_back_marker_still_fences_the_running_owner(targe
                       "identity": {"FOUNDRY_AGENT_SESSION_ID": "s1"}}).encode()
     assert target.put("agent/s1", ".sidecar/owner", old, 1 << 32 | 7) == 1 << 32 | 7
 
-    r = run_cli("release", cwd=tmp_path, env=target.env(**NO_IDENTITY))
+    r = run_cli("release", "--force", cwd=tmp_path, env=target.env(**NO_IDENTITY))
     assert r.returncode == 0, r.stderr
     released = marker(target, "agent/s1")
     assert released["generation"] >> 32 > held, (released, held)

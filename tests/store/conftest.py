@@ -4,6 +4,7 @@ store factory."""
 from __future__ import annotations
 
 import contextlib
+import inspect
 from typing import Any, AsyncIterator, Awaitable, Callable  # noqa: E402
 
 import pytest  # noqa: E402
@@ -19,6 +20,7 @@ from tests.azurite import (  # noqa: E402
     self_signed_cert,
     unique_container,
 )
+from tests.memstore import MemorySpace  # noqa: E402
 
 #: Names the TLS Azurite's certificate is valid for: ``azurite`` stands for a host that only a
 #: proxy can reach (it has no dot, so Azurite reads the account from the path).
@@ -81,16 +83,34 @@ async def azure_stores(azurite: AzuriteEndpoint):
     await stores.close()
 
 
-@pytest.fixture(params=["directory", pytest.param("azure", marks=pytest.mark.azure)])
-async def store_place(request, tmp_path) -> AsyncIterator[tuple[str, dict[str, str]]]:
+#: The backends every store test runs on (``memory``: :mod:`tests.memstore`, in this process).
+BACKENDS = ["directory", pytest.param("azure", marks=pytest.mark.azure), "memory"]
+
+
+def pytest_generate_tests(metafunc):
+    """Parametrize ``store_place`` by :data:`BACKENDS`. A test that asks for ``store_place`` itself
+    wants a place another process can open (a URL for a CLI run): the memory store has none, so
+    it runs on the others only; a test that makes its stores with ``make_store`` runs on all."""
+    if "store_place" not in metafunc.fixturenames:
+        return
+    wants_url = "store_place" in inspect.signature(metafunc.function).parameters
+    params = [p for p in BACKENDS if not (wants_url and p == "memory")]
+    metafunc.parametrize("store_place", params, indirect=True)
+
+
+@pytest.fixture
+async def store_place(request, tmp_path) -> AsyncIterator[tuple[Any, dict[str, str]]]:
     """Where one test's stores of the parametrized backend live: a ``SIDECAR_STORE`` URL and the
-    environment (credentials) for it. A new backend is one more parameter here."""
+    environment (credentials) for it; for ``memory``, the :class:`~tests.memstore.MemorySpace`
+    itself. A new backend is one more entry in :data:`BACKENDS` and a place here."""
     if request.param == "directory":
         yield str(tmp_path / "store"), {}
     elif request.param == "azure":
         stores = AzureStores(request.getfixturevalue("azurite"))
         yield stores.url, stores.endpoint.env()
         await stores.close()  # drops the container
+    elif request.param == "memory":
+        yield MemorySpace(), {}
     else:
         raise AssertionError(f"no place for the backend {request.param!r}")
 
@@ -98,13 +118,14 @@ async def store_place(request, tmp_path) -> AsyncIterator[tuple[str, dict[str, s
 @pytest.fixture
 async def make_store(store_place) -> AsyncIterator[Callable[..., Awaitable[Any]]]:
     """``await make_store(prefix="")``: an opened store of the parametrized backend, made the way
-    the sidecar makes it (:func:`sidecar.store.registry.make_store`). Every store made by one
-    test shares one place, so two prefixes in one test live side by side."""
+    the sidecar makes it (:func:`sidecar.store.registry.make_store`; a memory store on the test's
+    space). Every store made by one test shares one place, so two prefixes in one test live side
+    by side."""
     url, env = store_place
     made: list[Any] = []
 
     async def make(prefix: str = "") -> Any:
-        store = registry.make_store(url, prefix, env=env)
+        store = url.store(prefix) if isinstance(url, MemorySpace) else registry.make_store(url, prefix, env=env)
         made.append(store)
         await store.open()
         return store

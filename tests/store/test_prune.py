@@ -111,13 +111,13 @@ async def test_sessions_lists_each_namespace_exactly(fifty, store_place, tmp_pat
 
 @pytest.mark.slow
 async def test_prune_removes_only_ended_namespaces_and_all_of_each(fifty, store_place, make_store, tmp_path):
-    dry = await anyio.to_thread.run_sync(lambda: run_cli("prune", "--older-than", "0s", "--live-within", "2s",
+    dry = await anyio.to_thread.run_sync(lambda: run_cli("prune", "--older-than", "0s", "--force", "--live-within", "2s",
                                                          "--dry-run", cwd=tmp_path, env=cli_env(store_place)))
     assert dry.returncode == 0, dry.stderr
     assert dry.stdout.count("would prune agents/_/") == 30 and "nothing deleted" in dry.stdout
     assert len(await keys_below(make_store, "agents")) == 50 * 3 + sum(int(n[1:]) % 3 for n in fifty)
 
-    r = await anyio.to_thread.run_sync(lambda: run_cli("prune", "--older-than", "0s", "--live-within", "2s",
+    r = await anyio.to_thread.run_sync(lambda: run_cli("prune", "--older-than", "0s", "--force", "--live-within", "2s",
                                                        cwd=tmp_path, env=cli_env(store_place)))
     assert r.returncode == 0, r.stderr
     assert "pruned 30 namespaces" in r.stdout.splitlines()[-1], r.stdout
@@ -244,7 +244,7 @@ async def test_prune_pushes_its_gauges(make_store, store_place, tmp_path):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}"
-        r = await anyio.to_thread.run_sync(lambda: run_cli("prune", "--older-than", "0s", "--pushgateway", url,
+        r = await anyio.to_thread.run_sync(lambda: run_cli("prune", "--older-than", "0s", "--force", "--pushgateway", url,
                                                            cwd=tmp_path, env=cli_env(store_place)))
     finally:
         server.shutdown()
@@ -263,7 +263,7 @@ async def test_prune_refuses_a_prefix_inside_a_namespace(make_store, store_place
     await store.put("state/c.json", data, ObjectMeta.of(data, 1, 0o600, version=1))  # a root named without a dot
     await put_marker(store, "live1", heartbeat=time.time(), interval=900)
     before = await keys_below(make_store, "live1")
-    r = await anyio.to_thread.run_sync(lambda: run_cli("prune", "--older-than", "0s", cwd=tmp_path,
+    r = await anyio.to_thread.run_sync(lambda: run_cli("prune", "--older-than", "0s", "--force", cwd=tmp_path,
                                                        env=cli_env(store_place, SIDECAR_PREFIX="live1/state")))
     assert r.returncode == 2, r.stderr
     assert "inside the namespace 'live1'" in r.stderr and len(r.stderr.strip().splitlines()) == 1
@@ -275,7 +275,7 @@ async def test_a_bad_pushgateway_is_refused_before_anything_is_pruned(make_store
     await seed(store, "s1", points=0)
     await put_marker(store, "s1", heartbeat=0, interval=900)
     before = await keys_below(make_store, "s1")
-    r = await anyio.to_thread.run_sync(lambda: run_cli("prune", "--older-than", "0s", "--pushgateway",
+    r = await anyio.to_thread.run_sync(lambda: run_cli("prune", "--older-than", "0s", "--force", "--pushgateway",
                                                        "ftp://ops:HUNTER2-SECRET@127.0.0.1:1/", cwd=tmp_path,
                                                        env=cli_env(store_place)))
     assert r.returncode == 2, r.stderr
@@ -309,7 +309,7 @@ async def test_a_namespace_holding_what_prune_cannot_delete_is_refused_untouched
     await _plant_what_prune_cannot_delete(store_place)
     marker_before = await store.get(OWNER_KEY)
     before = await keys_below(make_store, "s1")
-    r = await anyio.to_thread.run_sync(lambda: run_cli("prune", "--older-than", "0s", cwd=tmp_path,
+    r = await anyio.to_thread.run_sync(lambda: run_cli("prune", "--older-than", "0s", "--force", cwd=tmp_path,
                                                        env=cli_env(store_place)))
     assert r.returncode == 3, r.stdout + r.stderr
     marker_after = await store.get(OWNER_KEY)
@@ -355,19 +355,20 @@ async def test_a_dry_run_only_reads_and_works_on_a_read_only_store(make_store, s
     url, creds, wrap = _read_only(store_place, tmp_path)
     env = {k: v for k, v in cli_env(store_place).items() if not k.startswith("AZURE_")}
     env.update({"SIDECAR_STORE": url, **creds})
-    r = await anyio.to_thread.run_sync(lambda: run_cli("prune", "--older-than", "0s", "--dry-run", cwd=tmp_path,
+    r = await anyio.to_thread.run_sync(lambda: run_cli("prune", "--older-than", "0s", "--force", "--dry-run", cwd=tmp_path,
                                                        env=env, wrap=wrap))
     assert r.returncode == 0, r.stdout + r.stderr
     assert "would prune s1 (" in r.stdout and "nothing deleted" in r.stdout, r.stdout
     assert await keys_below(make_store, "s1") == before
-    wet = await anyio.to_thread.run_sync(lambda: run_cli("prune", "--older-than", "0s", cwd=tmp_path, env=env,
+    wet = await anyio.to_thread.run_sync(lambda: run_cli("prune", "--older-than", "0s", "--force", cwd=tmp_path, env=env,
                                                          wrap=wrap))
     assert wet.returncode != 0 and await keys_below(make_store, "s1") == before  # a real prune cannot write there
 
 
 async def test_prune_of_a_store_that_is_not_there_says_so(store_place, tmp_path):
     url = store_place[0] if _backend(store_place) == "azure" else str(tmp_path / "no-such-store")
-    for command in (("prune", "--older-than", "0s"), ("prune", "--older-than", "0s", "--dry-run"), ("sessions",)):
+    for command in (("prune", "--older-than", "0s", "--force"), ("prune", "--older-than", "0s", "--force", "--dry-run"),
+                    ("sessions",)):
         r = await anyio.to_thread.run_sync(lambda c=command: run_cli(*c, cwd=tmp_path,
                                                                      env=cli_env((url, store_place[1]))))
         assert r.returncode == 1, (command, r.stdout, r.stderr)
@@ -388,7 +389,7 @@ async def test_prune_covers_every_session_whatever_the_session_id_says(make_stor
     assert listed.returncode == 0, listed.stderr
     assert sorted(json.loads(x)["namespace"] for x in listed.stdout.splitlines()) == [
         "agents/approvals/s1", "agents/approvals/s2"]
-    r = await anyio.to_thread.run_sync(lambda: run_cli("prune", "--older-than", "0s", cwd=tmp_path, env=env))
+    r = await anyio.to_thread.run_sync(lambda: run_cli("prune", "--older-than", "0s", "--force", cwd=tmp_path, env=env))
     assert r.returncode == 0, r.stderr
     assert "pruned 2 namespaces" in r.stdout.splitlines()[-1], r.stdout
     said = [x for x in r.stderr.splitlines() if "ignored" in x]
@@ -417,7 +418,7 @@ async def test_a_store_that_refuses_deletes_is_refused_before_anything_is_marked
                                  expiry=datetime.now(timezone.utc) + timedelta(hours=1))
     env = {k: v for k, v in cli_env(store_place).items() if not k.startswith("AZURE_")}
     env["SIDECAR_STORE"] = f"{url}?{sas}"
-    r = await anyio.to_thread.run_sync(lambda: run_cli("prune", "--older-than", "0s", cwd=tmp_path, env=env))
+    r = await anyio.to_thread.run_sync(lambda: run_cli("prune", "--older-than", "0s", "--force", cwd=tmp_path, env=env))
     assert r.returncode == 3, r.stdout + r.stderr
     refused = [x for x in r.stdout.splitlines() if x.startswith("failed s1:")]
     assert len(refused) == 1 and "refuses to delete" in refused[0] and "nothing was changed" in refused[0], r.stdout
@@ -587,7 +588,8 @@ async def test_a_store_that_lists_but_cannot_read_is_one_line(make_store, store_
                                  expiry=datetime.now(timezone.utc) + timedelta(hours=1))
     env = {k: v for k, v in cli_env(store_place).items() if not k.startswith("AZURE_")}
     env["SIDECAR_STORE"] = f"{url}?{sas}"
-    for command in (("sessions",), ("prune", "--older-than", "0s", "--dry-run"), ("prune", "--older-than", "0s")):
+    for command in (("sessions",), ("prune", "--older-than", "0s", "--force", "--dry-run"),
+                    ("prune", "--older-than", "0s", "--force")):
         r = await anyio.to_thread.run_sync(lambda c=command: run_cli(*c, cwd=tmp_path, env=env))
         assert r.returncode == 1, (command, r.stdout, r.stderr)
         errors = r.stderr.strip().splitlines()
@@ -605,7 +607,8 @@ async def test_a_prefix_with_nothing_below_it_is_empty(make_store, store_place, 
     await seed(store, "s1", points=0)
     await put_marker(store, "s1", heartbeat=0, interval=900)
     env = cli_env(store_place, SIDECAR_PREFIX="agents")
-    for command in (("prune", "--older-than", "0s"), ("prune", "--older-than", "0s", "--dry-run"), ("sessions",)):
+    for command in (("prune", "--older-than", "0s", "--force"), ("prune", "--older-than", "0s", "--force", "--dry-run"),
+                    ("sessions",)):
         r = await anyio.to_thread.run_sync(lambda c=command: run_cli(*c, cwd=tmp_path, env=env))
         assert r.returncode == 0, (command, r.stdout, r.stderr)
         assert "store_clock_local" not in r.stderr, (command, r.stderr)
@@ -633,7 +636,7 @@ async def test_a_namespace_holding_a_leased_blob_is_refused_untouched(make_store
         lease = await blob.acquire_lease(-1)
         marker_before = await store.get(OWNER_KEY)
         before = await keys_below(make_store, "s1")
-        r = await anyio.to_thread.run_sync(lambda: run_cli("prune", "--older-than", "0s", cwd=tmp_path,
+        r = await anyio.to_thread.run_sync(lambda: run_cli("prune", "--older-than", "0s", "--force", cwd=tmp_path,
                                                            env=cli_env(store_place)))
         assert r.returncode == 3, r.stdout + r.stderr
         refused = [x for x in r.stdout.splitlines() if x.startswith("failed s1:")]
@@ -642,7 +645,150 @@ async def test_a_namespace_holding_a_leased_blob_is_refused_untouched(make_store
         assert (marker_after[0], marker_after[1].version) == (marker_before[0], marker_before[1].version)
         assert await keys_below(make_store, "s1") == before
         await lease.release()
-    r = await anyio.to_thread.run_sync(lambda: run_cli("prune", "--older-than", "0s", cwd=tmp_path,
+    r = await anyio.to_thread.run_sync(lambda: run_cli("prune", "--older-than", "0s", "--force", cwd=tmp_path,
                                                        env=cli_env(store_place)))
     assert r.returncode == 0 and "pruned s1 (" in r.stdout, r.stdout + r.stderr
     assert await keys_below(make_store, "s1") == []
+
+
+# -- durations that delete carry a unit (issue #34, item 2) ---------------------------------------
+
+async def _cli(monkeypatch, capsys, store_place, *argv: str, **variables: str) -> tuple[int, str, str]:
+    """``checkpoint-sidecar *argv`` in process (its own event loop, in a thread), with the store's
+    variables (and ``variables``)."""
+    from sidecar.cli import main
+
+    url, creds = store_place
+    for k in [k for k in __import__("os").environ if k.startswith("SIDECAR_") or k.startswith("FOUNDRY_")]:
+        monkeypatch.delenv(k)
+    for k, v in {**creds, "SIDECAR_STORE": url, "SIDECAR_FENCE_WINDOW": "0.3", "SIDECAR_FENCE_MARGIN": "0",
+                 "SIDECAR_LOG_FORMAT": "json", **variables}.items():
+        monkeypatch.setenv(k, v)
+    capsys.readouterr()
+    def command() -> int:
+        try:
+            return main(list(argv))
+        except SystemExit as e:  # a usage error
+            return int(e.code or 0)
+
+    code = await anyio.to_thread.run_sync(command)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("argv, variables", [
+    (("prune", "--older-than", "7"), {}),
+    (("prune", "--older-than", "7", "--dry-run"), {}),
+    (("prune", "--older-than", "7", "--force"), {}),
+    (("prune", "--older-than", "7d", "--live-within", "60"), {}),
+    (("prune", "--dry-run"), {"SIDECAR_OLDER_THAN": "7"}),
+    (("sessions",), {"SIDECAR_LIVE_WITHIN": "3600"}),
+])
+async def test_a_duration_without_its_unit_is_refused_before_anything_is_read(make_store, store_place, monkeypatch,
+                                                                              capsys, argv, variables):
+    """``prune --older-than 7`` meant seven seconds, on a command that deletes for good."""
+    store = await make_store("s1")
+    await seed(store, "s1", points=0)
+    await put_marker(store, "s1", heartbeat=0, interval=900)  # released: eligible at any age
+    before = await keys_below(make_store, "s1")
+    code, out, err = await _cli(monkeypatch, capsys, store_place, *argv, **variables)
+    assert code == 2, (out, err)
+    [line] = err.strip().splitlines()
+    assert "has no unit" in line and "config error: SIDECAR_" in line, line
+    assert out == ""
+    assert await keys_below(make_store, "s1") == before
+
+
+async def test_older_than_below_an_hour_needs_force(make_store, store_place, monkeypatch, capsys):
+    store = await make_store("s1")
+    await seed(store, "s1", points=0)
+    await put_marker(store, "s1", heartbeat=0, interval=900)
+    before = await keys_below(make_store, "s1")
+    for argv in (("--older-than", "30m"), ("--older-than", "0s", "--dry-run")):
+        code, out, err = await _cli(monkeypatch, capsys, store_place, "prune", *argv)
+        assert code == 2, (argv, out, err)
+        [line] = err.strip().splitlines()
+        assert "is below 1h" in line and "--force" in line, line
+    code, out, err = await _cli(monkeypatch, capsys, store_place, "prune", "--dry-run", "--force",
+                          SIDECAR_OLDER_THAN="0s", SIDECAR_LIVE_WITHIN="2h")  # the variables, too
+    assert code == 0 and "would prune s1 (" in out, (out, err)
+    assert await keys_below(make_store, "s1") == before
+
+
+# -- prune fails per namespace, never per run (issue #34, item 4) ---------------------------------
+
+class _Undeletable(_Fresh):
+    """A namespace's store holding an object the store will not delete: its delete raises what
+    a store may raise that is no StoreError (a permission error from the filesystem)."""
+
+    async def delete(self, key: str) -> None:
+        if key.endswith("b.json"):
+            raise PermissionError(1, "Operation not permitted", key)
+        await self.store.delete(key)
+
+
+async def test_an_undeletable_object_fails_its_namespace_alone_and_the_next_prune_finishes_it(
+        make_store, store_place, monkeypatch, capsys):
+    """One namespace whose delete fails: one ``failed`` line, exit 3, the others pruned, never
+    ``unexpected ExceptionGroup``. It is left ``deleting`` (a prune's marker): the next prune
+    finishes it at once, without waiting --live-within (1h), while a live namespace beside it
+    keeps every object."""
+    from sidecar import prune
+
+    for name in ("s1", "s2", "s3"):
+        store = await make_store(name)
+        await seed(store, name, points=1)
+        await put_marker(store, name, heartbeat=0, interval=900)  # released: eligible
+    live = await make_store("live")
+    await seed(live, "live", points=1)
+    await put_marker(live, "live", heartbeat=time.time(), interval=900)
+    live_before = await keys_below(make_store, "live")
+    real = prune._store_for
+
+    def store_for(settings, prefix: str, namespace: str):
+        store = real(settings, prefix, namespace)
+        if namespace != "s2":
+            return store
+        wrapped = _Undeletable(None, namespace)
+        wrapped.store = store
+        wrapped.open = store.open  # type: ignore[method-assign]
+        return wrapped
+
+    monkeypatch.setattr(prune, "_store_for", store_for)
+    code, out, err = await _cli(monkeypatch, capsys, store_place, "prune", "--older-than", "0s", "--force")
+    assert code == 3, (out, err)
+    assert "unexpected" not in err and "Group" not in out + err, err
+    failed = [x for x in out.splitlines() if x.startswith("failed ")]
+    assert len(failed) == 1 and failed[0].startswith("failed s2: PermissionError"), out
+    assert sorted(x.split(" (")[0] for x in out.splitlines() if x.startswith("pruned ")) == ["pruned s1", "pruned s3"]
+    assert await keys_below(make_store, "s1") == [] and await keys_below(make_store, "s3") == []
+    marker = await read_marker(await make_store("s2"))
+    assert marker["prune"] == {"phase": "deleting"} and marker["owner"].startswith("prune:"), marker
+
+    monkeypatch.setattr(prune, "_store_for", real)
+    code, out, err = await _cli(monkeypatch, capsys, store_place, "prune", "--older-than", "7d")  # --live-within: 1h
+    assert code == 0, (out, err)
+    assert [x.split(" (")[0] for x in out.splitlines() if not x.startswith("prune:")] == ["pruned s2"], out
+    assert await keys_below(make_store, "s2") == []
+    assert await keys_below(make_store, "live") == live_before
+
+
+async def test_a_deleting_marker_that_proves_no_prune_waits_out_live_within(make_store):
+    """Only a marker a prune wrote (owner ``prune:<id>``, stored at the stamp it records) is
+    finished at once; a ``deleting`` phase under another owner, or copied at another version,
+    still waits --live-within."""
+    from sidecar.pruner import PRUNED
+
+    for name, owner, version in (("copied", "prune:x", 3 << 32), ("foreign", "someone", 7 << 32),
+                                 ("proven", "prune:y", 7 << 32)):
+        store = await make_store(name)
+        await seed(store, name, points=0)
+        data = json.dumps({"generation": 7 << 32, "owner": owner, "heartbeat": 1, "identity": ident(name),
+                           "prune": {"phase": "deleting"}}).encode()
+        await store.put(OWNER_KEY, data, ObjectMeta.of(data, version, 0o600, version=version))
+    pruner = Pruner(lambda ns: _fresh(make_store, ns), time.time, 0.05, 0.0, 7 * 86400.0, 3600.0)
+    listed = [n async for n in walk(await make_store(), 3600.0)]
+    results = {r.namespace: r for r in [await pruner.prune(ns) for ns in listed]}
+    assert results["proven"].outcome == PRUNED, results
+    assert results["copied"].outcome == SKIPPED and results["foreign"].outcome == SKIPPED, results
+    assert len(await keys_below(make_store, "copied")) == 3 and len(await keys_below(make_store, "foreign")) == 3

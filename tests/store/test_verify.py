@@ -26,6 +26,7 @@ from sidecar.points import point_key
 from sidecar.store import registry
 from sidecar.store.base import ObjectMeta
 from sidecar.verifyplan import NO_SHA256, OBJECT, POINT, Report
+from tests.memstore import MemorySpace
 
 pytestmark = pytest.mark.anyio
 
@@ -72,12 +73,17 @@ async def place(store_place, make_store):
     for ns in ("s1", "s2"):
         await seed(await make_store(f"{PREFIX}/{ns}"), ns)
 
+    def read_only(prefix: str) -> Any:
+        if isinstance(url, MemorySpace):
+            return url.store(prefix, create=False)
+        return registry.make_store(url, prefix, read_only=True, env=env)
+
     async def run(read_data: bool, prefix: str = PREFIX) -> dict[str, Report]:
-        top = registry.make_store(url, prefix, read_only=True, env=env)
+        top = read_only(prefix)
         try:
             await top.open()
             return {r.namespace: r async for r in verify.reports(
-                top, lambda ns: registry.make_store(url, full_name(prefix, ns), read_only=True, env=env), read_data)}
+                top, lambda ns: read_only(full_name(prefix, ns)), read_data)}
         finally:
             await top.aclose()
 

@@ -122,7 +122,11 @@ def test_every_setting_has_a_flag_and_a_documented_variable():
         for name in COMMAND_SETTINGS[command]:
             action = sub._option_string_actions[docs[name].flag]
             assert f"({docs[name].variable}; default: {docs[name].default})" in action.help % {}
-    assert set(COMMAND_SETTINGS["sync"]) == set(docs)
+    from sidecar.config import OPERATOR_SETTINGS
+
+    # the mirroring commands take every setting but the operator commands' own (prune's --older-than...)
+    assert set(COMMAND_SETTINGS["sync"]) == set(docs) - set(OPERATOR_SETTINGS)
+    assert set(OPERATOR_SETTINGS) == {"live_within", "older_than", "pushgateway"}
     documented = _readme_defaults()
     assert set(documented) == {d.variable for d in docs.values()}
     for d in docs.values():
@@ -322,3 +326,25 @@ def test_a_store_on_the_containers_own_filesystem_on_a_platform_is_a_warning(tmp
     assert check_store_volume(settings, roots, container_root=other) == []  # the volume is mounted
     settings, _ = _settings(tmp_path, store)  # off a platform: no check
     assert check_store_volume(settings, roots, container_root=str(tmp_path)) == []
+
+
+def test_the_operator_commands_durations_are_settings_with_variables():
+    """``SIDECAR_LIVE_WITHIN`` was refused as unknown, with "did you mean SIDECAR_FENCE_WINDOW?"
+    (following it changes fencing); prune's flags had no variables though the help said every
+    flag has one. A plain number is refused: it would be seconds."""
+    from sidecar.config import ConfigError, load, unknown_variables
+
+    env = {"SIDECAR_LIVE_WITHIN": "2h", "SIDECAR_OLDER_THAN": "7d", "SIDECAR_PUSHGATEWAY": "http://gw:9091",
+           "SIDECAR_STORE": "/s", "HOME": "/tmp"}
+    assert unknown_variables(env) == []
+    settings, _ = load({}, env=env)
+    assert (settings.live_within, settings.older_than, settings.pushgateway) == (7200, 7 * 86400, "http://gw:9091")
+    for variable in ("SIDECAR_LIVE_WITHIN", "SIDECAR_OLDER_THAN"):
+        with pytest.raises(ConfigError) as e:
+            load({}, env={**env, variable: "7"})
+        [problem] = e.value.problems
+        assert problem.startswith(f"{variable}: '7' has no unit"), problem
+        assert "FENCE_WINDOW" not in problem
+    with pytest.raises(ConfigError) as e:
+        load({}, env={**env, "SIDECAR_PUSHGATEWAY": "ftp://ops:HUNTER2@gw/"})
+    assert "HUNTER2" not in str(e.value.problems)

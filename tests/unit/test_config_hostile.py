@@ -25,11 +25,11 @@ HOSTILE = {
 
 #: (setting, value) pairs that are valid: text settings take many strings
 ACCEPTED = {
-    "empty": {"roots", "prefix", "ignore", "http_addr"},
-    "blank": {"roots", "prefix", "ignore"},
+    "empty": {"roots", "prefix", "ignore", "http_addr", "pushgateway"},  # pushgateway: no push
+    "blank": {"roots", "prefix", "ignore", "pushgateway"},
     "huge": {"ignore"},
-    "nan": {"store", "roots", "prefix", "ignore"},
-    "inf": {"store", "roots", "prefix", "ignore"},
+    "nan": {"store", "roots", "prefix", "ignore", "pushgateway"},  # a host named nan
+    "inf": {"store", "roots", "prefix", "ignore", "pushgateway"},
     "negative": {"store", "roots", "prefix", "ignore"},
     "words": {"store", "roots", "prefix", "ignore"},
     "newline": set(),

@@ -26,3 +26,18 @@ def test_times_and_ages() -> None:
     for bad in ("2026-12-01T10:00:00", "2026-13-01T10:00:00Z", "yesterday"):
         with pytest.raises(ValueError):
             parse_time_or_age(bad)
+
+
+@pytest.mark.parametrize("text", ["7", "0", " 90 ", "1.5", "1e3", "nan", "-1"])
+def test_a_duration_that_deletes_needs_its_unit(text: str) -> None:
+    """The same parser; ``unit_required`` refuses a plain number (``prune --older-than 7``)."""
+    with pytest.raises(ValueError, match="has no unit") as e:
+        parse_duration(text, unit_required=True)
+    assert "\n" not in str(e.value)
+    assert parse_duration("7d", unit_required=True) == 7 * 86400
+    assert parse_duration("0s", unit_required=True) == 0
+
+
+def test_durations_take_ascii_digits_only() -> None:
+    with pytest.raises(ValueError):
+        parse_duration("\u0661\u0662h")

@@ -58,3 +58,21 @@ def test_the_watcher_tells_health_when_it_polls_and_when_it_watches_again():
     polling.set("inotify watches used up")  # said once
     polling.set(None)
     assert told == [("inotify watches used up", watcher.POLL_SECONDS), (None, watcher.POLL_SECONDS)]
+
+
+def test_a_root_gone_as_a_whole_makes_it_unready_until_back():
+    from sidecar import metrics
+
+    h = Health(namespace="ns")
+    h.set(Phase.READY, "restored and mirroring")
+    h.root_gone("r", "the root /w/r\\n is gone (it no longer exists, or is not a directory): its 5 stored files are kept")
+    h.root_readable("q", "cannot read /w/q: Permission denied")
+    assert metrics.ROOTS_UNREADABLE._value.get() == 2
+    ok, why = readiness(h)
+    assert not ok and why == ("not ready: cannot read /w/q: Permission denied (nothing of it is mirrored: run the "
+                              "sidecar as the host's user); the root /w/r\\n is gone (it no longer exists, or is not "
+                              "a directory): its 5 stored files are kept; namespace ns")
+    h.root_readable("q", None)
+    h.root_gone("r", None)
+    assert readiness(h) == (True, "ready: restored and mirroring; namespace ns")
+    assert metrics.ROOTS_UNREADABLE._value.get() == 0

@@ -205,3 +205,42 @@ def test_status_prints_a_namespace_through_the_one_escaper():
 
     text = render({"store": "directory store /s\u2028x", "roots": {}, "in_sync": True}, "a\u202eb\nc")
     assert text.splitlines()[0] == "store: directory store /s\\u2028x (namespace a\\u202eb\\nc)"
+
+
+def test_a_hint_is_a_complete_command_safe_to_paste(tmp_path, monkeypatch):
+    """Every hint that suggests ``release`` names the store and the namespace, quoted for a shell,
+    with SIDECAR_SESSION_NAMESPACE=off (a session id where it is pasted changes nothing); a SAS
+    token is never printed; a relative directory is made absolute."""
+    import shlex
+
+    from sidecar.namespace import command_for, variables_for
+
+    sas = "https://acct.blob.core.windows.net/state/top?sv=2024&sig=S3CRET%2Bx"
+    line = command_for("release", sas, "agents/approvals/s 3")
+    assert "S3CRET" not in line and "sig=" not in line
+    words = shlex.split(line.split(" (add the store's SAS token", 1)[0])
+    assert words == ["SIDECAR_STORE=https://acct.blob.core.windows.net/state/top", "SIDECAR_PREFIX=agents/approvals/s 3",
+                     "SIDECAR_SESSION_NAMESPACE=off", "checkpoint-sidecar", "release"]
+    assert "add the store's SAS token" in line
+    monkeypatch.chdir(tmp_path)
+    assert shlex.split(command_for("release", "store", "ns"))[0] == f"SIDECAR_STORE={tmp_path / 'store'}"
+    assert "\n" not in command_for("release", "/s", "a\nb")
+
+    # the variables of an identity give back that namespace and identity under resolve()
+    for namespace, identity in (("sessions/approvals/s3", {"FOUNDRY_AGENT_SESSION_ID": "s3"}),
+                                ("agents/web-0", {"POD_NAME": "web-0"}),
+                                ("agents/approvals/s3", {"FOUNDRY_AGENT_NAME": "approvals",
+                                                         "FOUNDRY_AGENT_SESSION_ID": "s3"})):
+        env = dict(w.split("=", 1) for w in shlex.split(variables_for("/s", namespace, identity)))
+        got = resolve(env["SIDECAR_PREFIX"], env, env["SIDECAR_SESSION_NAMESPACE"])
+        assert (got.path, got.identity) == (namespace, identity), env
+
+
+def test_refusals_name_the_store_in_their_release_hint():
+    s1 = {"FOUNDRY_AGENT_SESSION_ID": "s1"}
+    lone = conflict({"identity": s1}, {}, "agent/s1", "/mnt/durable")
+    assert lone and "SIDECAR_STORE=/mnt/durable SIDECAR_PREFIX=agent/s1 SIDECAR_SESSION_NAMESPACE=off " \
+                    "checkpoint-sidecar release" in lone
+    assert "FOUNDRY_AGENT_SESSION_ID=s1" in lone.split("with these variables: ", 1)[1]
+    garbled = conflict({"_unreadable": "not a JSON object", "_stored_version": 3}, {}, "agent/s1", "/mnt/durable")
+    assert garbled and "SIDECAR_STORE=/mnt/durable SIDECAR_PREFIX=agent/s1" in garbled

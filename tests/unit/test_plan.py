@@ -286,3 +286,27 @@ def test_which_roots_a_reconcile_keeps_and_which_lineage_is_due():
     # a cut-short restore not redone keeps the root's stored files
     assert keep(cut_short=True) == RootKeep(empty=False, incomplete=True)
     assert keep(cut_short=True, ours=False) == RootKeep(empty=False, unproven=True, incomplete=True)
+
+
+def test_a_root_gone_as_a_whole_is_unreadable_not_deleted():
+    from sidecar.plan import GONE_EMPTY, GONE_MISSING, RootPresence, plan_root_presence
+
+    def presence(**kw):
+        facts = dict(present=True, replaced=False, was_gone=False, stored=True, seen=True, has_files=True)
+        return plan_root_presence(**{**facts, **kw})
+
+    assert presence() == RootPresence()  # the directory mirrored: what it lacks, the host deleted
+    assert presence(has_files=False) == RootPresence()  # every file deleted one by one, the root kept
+    # removed, a mount gone, a file in its place: nothing of it deleted, and said
+    assert presence(present=False) == RootPresence(intact=False, gone=GONE_MISSING)
+    assert presence(present=False, seen=False, was_gone=True) == RootPresence(intact=False, gone=GONE_MISSING)
+    # not made yet by the host, or nothing stored of it: nothing to keep, nothing to say
+    assert presence(present=False, seen=False) == RootPresence(intact=False)
+    assert presence(present=False, stored=False) == RootPresence(intact=False)
+    # back, or another directory in its place, with files: mirrored again
+    assert presence(was_gone=True) == RootPresence(returned=True)
+    assert presence(replaced=True) == RootPresence(returned=True)
+    # back empty (the mount point under a volume that went): still gone while the store holds files
+    assert presence(was_gone=True, has_files=False) == RootPresence(intact=False, gone=GONE_EMPTY)
+    assert presence(replaced=True, has_files=False) == RootPresence(intact=False, gone=GONE_EMPTY)
+    assert presence(replaced=True, has_files=False, stored=False) == RootPresence(returned=True)

@@ -103,3 +103,20 @@ def test_eligibility():
     # a prune that died is finished once its marker is old
     assert prunable(PRUNING, 0.0, {}, 900.0, now, older_than=600, live_within=60)
     assert not prunable(PRUNING, 0.0, {}, 990.0, now, older_than=0, live_within=60)
+
+
+def test_a_dead_prunes_deleting_marker_is_finished_at_once_when_it_proves_the_prune_owned_it():
+    """A prune writes ``deleting`` only after its grace, by a swap from its own pending marker:
+    no live session is behind it, so the next prune need not wait --live-within. Only such a
+    marker: a prune's owner, stored at the stamp it records (unless the version is not known)."""
+    from sidecar.fence import STORED_VERSION
+
+    now, stamp = 1000.0, 7 << 32
+    proven = {"generation": stamp, "owner": "prune:ab", "prune": {"phase": "deleting"}, STORED_VERSION: stamp}
+    assert prunable(PRUNING, 999.0, proven, 999.0, now, older_than=7 * 86400, live_within=3600)
+    for unproven in ({**proven, "owner": "resuming:ab"}, {**proven, STORED_VERSION: 3 << 32},
+                     {**proven, "prune": {"phase": "pending"}}, {**proven, "generation": "junk"}):
+        assert not prunable(PRUNING, 999.0, unproven, 999.0, now, older_than=0, live_within=3600), unproven
+    # a listing's read knows no version: the fields alone, the pruner decides again with it
+    copied = {**proven, STORED_VERSION: 3 << 32}
+    assert prunable(PRUNING, 999.0, copied, 999.0, now, older_than=0, live_within=3600, versions=False)

@@ -15,23 +15,9 @@ import pytest
 
 from sidecar.fence import OWNER_KEY, STORED_VERSION, Fence, Fenced, read_marker
 from sidecar.store.base import NotFound, ObjectInfo, ObjectMeta
+from tests.memstore import FakeClock
 
 WINDOW, MARGIN = 2.0, 8.0
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += max(0.0, seconds)
-
-    async def sleep(self, seconds: float) -> None:
-        self.advance(seconds)
-        await anyio.sleep(0)
 
 
 @dataclass
