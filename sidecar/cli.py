@@ -1,4 +1,4 @@
-"""Command line: ``checkpoint-sidecar {restore,sync,run,status,probe,release,sessions,prune,history}``.
+"""Command line: ``checkpoint-sidecar {restore,sync,run,status,probe,release,sessions,prune,history,verify}``.
 
 Parses the flags, reads one validated :class:`~sidecar.config.Settings` (environment + flags) and
 hands it to the command: :mod:`sidecar.lifecycle` runs ``restore``, ``sync`` and ``run`` (what
@@ -46,6 +46,8 @@ _EPILOG = {
              "below 1h without --force); 3 some eligible namespaces failed or were refused, each on a line of its "
              "own (the others were pruned: run it again)",
     "history": "0 once listed (none is fine); 1 when the store cannot be read",
+    "verify": "0 every namespace ok; 4 some namespace is damaged (its lines name the keys); 1 the store is not "
+              "there or cannot be read; 2 bad usage or configuration",
 }
 _ENV_NOTE = ("Every flag whose help names a SIDECAR_* variable is also that variable (flags win); the others "
              "(--json, --dry-run, --force, --as-of...) are flags only. Variables of settings a command does not use "
@@ -186,6 +188,12 @@ def build_parser(only: str | None = None) -> _Parser:
     _add_namespace_commands(add)
     add("history", "the namespace's restore points, newest first: time (store clock), kind, files, bytes, seq").add_argument(
         "--json", action="store_true", help="one JSON object per line")
+    ve = add("verify", "check every namespace below the prefix before trusting the store: each object's metadata, "
+                       "each restore point's header and chain; with --read-data every byte against its sha256. "
+                       "A damaged object is named with the restore point that recovers it. Reads only")
+    ve.add_argument("--read-data", action="store_true",
+                    help="also read every object and restore point whole (streamed) and check its sha256s")
+    ve.add_argument("--json", action="store_true", help="one JSON object per namespace per line")
     return parser
 
 
@@ -304,6 +312,10 @@ def main(argv: list[str] | None = None) -> int:
             from sidecar import history
 
             return _arun(history.command, settings, args.json)
+        if args.command == "verify":
+            from sidecar import verify
+
+            return _arun(verify.command, settings, args.read_data, args.json)
         if args.command == "probe":
             from sidecar.http import probe
 

@@ -142,10 +142,11 @@ class _Environment(EnvSettingsSource):
 #: The commands that mirror take every setting; each of the others takes the settings whose field
 #: names it (:func:`_uses`): its flags, and what it applies.
 MIRRORING_COMMANDS = ("sync", "run")
-ONE_SHOT_COMMANDS = ("restore", "status", "probe", "release", "sessions", "prune", "history")
+ONE_SHOT_COMMANDS = ("restore", "status", "probe", "release", "sessions", "prune", "history", "verify")
 #: Commands that take exactly the settings of another: history reads what release reads (the
-#: store, the namespace), but for what release alone applies (:data:`OPERATOR_SETTINGS`).
-SAME_SETTINGS = {"history": "release"}
+#: store, the namespace), but for what release alone applies (:data:`OPERATOR_SETTINGS`); verify
+#: what sessions reads (the store, the prefix every namespace lies below), but for its own.
+SAME_SETTINGS = {"history": "release", "verify": "sessions"}
 
 
 def _uses(*commands: str, default: str | None = None, mirroring: bool = True, metavar: str = "") -> dict[str, Any]:

@@ -124,7 +124,6 @@ async def walk(store: Store, live_within: float, clock: StoreClock | None = None
     """Every namespace below ``store``'s prefix, as the listing leaves it (children before their
     parents, the top last). Raises ``StoreError``."""
     clock = clock or await StoreClock.of(store)
-    grouper = Grouper()
     batch: list[Group] = []
 
     async def told(groups: list[Group]) -> list[Namespace]:
@@ -142,12 +141,32 @@ async def walk(store: Store, live_within: float, clock: StoreClock | None = None
         return [Namespace(g, m, owner(m, g.marker.modified if g.marker else None, now, live_within), now)
                 for g, m in zip(groups, markers, strict=True)]
 
-    async for info in store.list():
-        batch += grouper.add(info)
+    async for group in groups(store):
+        batch.append(group)
         if len(batch) >= BATCH:
             for ns in await told(batch):
                 yield ns
             batch = []
-    batch += grouper.finish()
     for ns in await told(batch):
         yield ns
+
+
+async def groups(store: Store) -> AsyncIterator[Group]:
+    """The namespaces below ``store``'s prefix as one streamed listing leaves them (children before
+    their parents, the top last): their totals only, no marker read, no clock asked (``verify``
+    reads no more). Raises ``StoreError``."""
+    grouper = Grouper()
+    async for info in store.list():
+        for group in grouper.add(info):
+            yield group
+    for group in grouper.finish():
+        yield group
+
+
+def namespace_store(settings: "Settings", prefix: str, namespace: str, concurrency: int = 4) -> Store:
+    """A namespace's own store, as its sidecar makes it (the directory store's records and locks
+    are per namespace), read-only: opening it creates nothing (a container or store directory
+    deleted meanwhile is never made again; what is gone lists as empty). Not opened."""
+    from sidecar.store import make_store
+
+    return make_store(settings.store_url, full_name(prefix, namespace), read_only=True, concurrency=concurrency)

@@ -41,6 +41,7 @@ from sidecar.points import (
     choose_as_of,
     choose_for_latest,
     encode_header,
+    link_error,
     parse_point_key,
 )
 from sidecar.restorefs import (
@@ -128,11 +129,15 @@ def least_size(header: PointHeader) -> int:
             + sum(_member_bytes(e.key, e.written.size, e.written.mode, e.written.mtime_ns) for e in header.files()))
 
 
-async def open_point(store: Store, name: PointName, read_ahead: int = 0) -> Opened:
+async def open_point(store: Store, name: PointName, read_ahead: int = 0,
+                     tap: Callable[[ObjectInfo, AsyncIterator[bytes]], AsyncIterator[bytes]] | None = None) -> Opened:
     """One GET: the point's stream, its header read and checked against its name and against the
     object's size (PointError: unusable). ``read_ahead``: chunks fetched ahead as it is read
-    (:meth:`~sidecar.store.base.Store.get_stream`)."""
+    (:meth:`~sidecar.store.base.Store.get_stream`). ``tap``: wraps the object's info and chunks
+    (``verify`` hashes the whole object as the reader reads it); closing it closes them."""
     info, chunks = await store.get_stream(name.key, read_ahead)
+    if tap is not None:
+        chunks = tap(info, chunks)
     reader = PointReader(chunks)
     try:
         header = await reader.header(name)
@@ -298,16 +303,16 @@ class PointFeed:
 async def _first_unreadable(store: Store, chain: tuple[PointName, ...]) -> PointName | None:
     """The first point of ``chain`` that is unreadable, cut short, or does not follow the point
     before it (its ``prev``: a chain missing a point gives a wrong tree); warned."""
-    prev = None
+    before = None
     for name in chain:
         try:
             header = await read_header(store, name)
-            if prev is not None and header.prev != prev:
-                raise PointError(f"it follows point {header.prev}, which its chain lacks")
+            if (broken := link_error(header.prev, before)) is not None:
+                raise PointError(broken)
         except (PointError, NotFound) as e:
             _unusable(name, e)
             return name
-        prev = name.seq
+        before = name
     return None
 
 

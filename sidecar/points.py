@@ -55,6 +55,11 @@ class PointError(ValueError):
     """A point that cannot be used (malformed, cut short, not matching its name or its sha256s)."""
 
 
+class EntryMismatch(PointError):
+    """A point's member whose bytes do not hash to its entry's sha256. Raised once the member and
+    its padding are read: the reader stands at the next member, and may be read on."""
+
+
 # -- names ------------------------------------------------------------------------------------
 @dataclass(frozen=True, order=True)
 class PointName:
@@ -233,8 +238,9 @@ def point_source(header: PointHeader, data: Mapping[str, bytes | Streamed]) -> T
 class PointReader:
     """Reads a point from its chunks as they arrive: :meth:`header` first (parsed, bounded), then
     :meth:`files` gives each file entry with its bytes, a chunk at a time, in the header's order;
-    each member's bytes are hashed as they stream and a mismatch raises :class:`PointError` after
-    its last chunk. Anything malformed or cut short is a :class:`PointError`."""
+    each member's bytes are hashed as they stream and a mismatch raises :class:`EntryMismatch` (a
+    :class:`PointError`) after its last chunk: a caller that catches it may read on. Anything
+    malformed or cut short is a :class:`PointError`."""
 
     def __init__(self, chunks: AsyncIterator[bytes]) -> None:
         self._tar = TarReader(chunks, "point", PointError)
@@ -255,7 +261,7 @@ class PointReader:
         h = await self.header()
         for e in h.files():
             body = self._tar.body(e.key, e.written.size, e.written.sha256,
-                                  f"point {h.seq} entry {e.key!r} does not match its sha256")
+                                  f"point {h.seq} entry {e.key!r} does not match its sha256", EntryMismatch)
             yield e, body
             await drain(body)
         await self._tar.end(min_blocks=2)  # as written: a point cut short by a block is refused
@@ -291,6 +297,16 @@ class Chain:
         """The points to read for ``point`` (one of this chain's): the full and every
         incremental up to it, in seq order."""
         return tuple(p for p in self.points if p.seq <= point.seq)
+
+
+def link_error(prev: int, before: PointName | None) -> str | None:
+    """Why a point of a chain whose header's ``prev`` is ``prev`` does not follow ``before``, the
+    chain's point listed before it (None: it is the chain's first), or None when it does: an
+    incremental's ``prev`` names the point before it, so a chain missing a point is found, never
+    applied."""
+    if before is None or prev == before.seq:
+        return None
+    return f"it follows point {prev}, which its chain lacks"
 
 
 def chains(points: Iterable[PointName]) -> list[Chain]:

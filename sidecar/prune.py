@@ -41,7 +41,7 @@ from sidecar import log
 from sidecar.config import Settings
 from sidecar.errors import EXIT_CONFIG, EXIT_FAIL, EXIT_OK, fail
 from sidecar.namespace import NamespaceError
-from sidecar.namespaces import Namespace, StoreClock, full_name, operator_settings, walk
+from sidecar.namespaces import Namespace, StoreClock, full_name, namespace_store, operator_settings, walk
 from sidecar.pruner import FAILED, PRUNED, SKIPPED, WOULD_PRUNE, Pruner, Result
 from sidecar.sessionplan import prunable
 from sidecar.store.base import Store, StoreError
@@ -196,14 +196,10 @@ async def _enclosing_namespace(settings: Settings, prefix: str) -> str | None:
 
 
 def _store_for(settings: Settings, prefix: str, namespace: str) -> Store:
-    """A namespace's own store, as its sidecar makes it (the directory store's records and locks
-    are per namespace). Opened read-only, dry run or not: opening it creates nothing (a container
-    or store directory deleted while prune runs is never made again; what is gone lists as
-    empty), and the store still takes prune's writes (a dry run makes none, so a read-only mount
-    or a SAS without write permission will do)."""
-    from sidecar.store import make_store
-
-    return make_store(settings.store_url, full_name(prefix, namespace), read_only=True, concurrency=4)
+    """A namespace's own store (:func:`~sidecar.namespaces.namespace_store`). Opened read-only, dry
+    run or not: opening it creates nothing, and the store still takes prune's writes (a dry run
+    makes none, so a read-only mount or a SAS without write permission will do)."""
+    return namespace_store(settings, prefix, namespace, concurrency=4)
 
 
 def _what(store: Store) -> str:

@@ -235,27 +235,40 @@ class TarReader:
         await self.read(-size % BLOCK)
         return raw
 
-    async def body(self, key: str, size: int, sha256: str, mismatch: str) -> AsyncIterator[bytes]:
+    async def body(self, key: str, size: int, sha256: str, mismatch: str,
+                   mismatch_error: type[Exception] | None = None) -> AsyncIterator[bytes]:
         """The member of ``key`` (its tar header read here): its ``size`` bytes a chunk at a time,
-        then the padding; raises ``error(mismatch)`` after the last chunk when they do not hash
-        to ``sha256``. Read it to the end (:meth:`skip`) before the next."""
+        then the padding; raises ``error(mismatch)`` (or ``mismatch_error(mismatch)``) after the
+        last chunk and the padding when they do not hash to ``sha256``: the reader then stands at
+        the next member, so a caller that catches only that may read on (``verify`` names every
+        bad member). Read it to the end before the next."""
         name, got = await self.next_member()
         if name != key or got != size:
             raise self.fail(f"entry {key!r} is not where its header says")
-        async for chunk in self.raw_body(size, sha256, mismatch):
+        digest = hashlib.sha256()
+        async for chunk in self._span(size):
+            digest.update(chunk)
             yield chunk
         await self.read(-size % BLOCK)
+        if digest.hexdigest() != sha256:
+            raise (mismatch_error or self._error)(mismatch)
 
     async def raw_body(self, size: int, sha256: str, mismatch: str) -> AsyncIterator[bytes]:
         """``size`` bytes from here, checked against ``sha256`` after the last (no tar framing)."""
-        left, digest = size, hashlib.sha256()
-        while left:
-            chunk = await self.some(min(left, CHUNK_BYTES))
-            left -= len(chunk)
+        digest = hashlib.sha256()
+        async for chunk in self._span(size):
             digest.update(chunk)
             yield chunk
         if digest.hexdigest() != sha256:
             raise self._error(mismatch)
+
+    async def _span(self, size: int) -> AsyncIterator[bytes]:
+        """``size`` bytes from here, a chunk at a time (unchecked)."""
+        left = size
+        while left:
+            chunk = await self.some(min(left, CHUNK_BYTES))
+            left -= len(chunk)
+            yield chunk
 
     async def end(self, min_blocks: int = 1) -> None:
         """The end-of-archive blocks: zeros, to the end, at least ``min_blocks`` of them."""

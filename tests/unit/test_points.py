@@ -17,6 +17,7 @@ from sidecar.points import (
     MAX_POINT_ENTRIES,
     POINT_MANIFEST,
     Chain,
+    EntryMismatch,
     PointEntry,
     PointError,
     PointHeader,
@@ -30,6 +31,7 @@ from sidecar.points import (
     encode_point,
     fits,
     full_due,
+    link_error,
     parse_header,
     parse_point_key,
     point_chunks,
@@ -39,6 +41,7 @@ from sidecar.points import (
     retention_plan,
 )
 from sidecar.store.base import CHUNK_BYTES, ObjectMeta
+from sidecar.tarstream import drain
 
 H = 3600.0
 D = 86400.0
@@ -178,6 +181,33 @@ def test_a_member_whose_bytes_do_not_match_is_refused_while_streaming():
         return seen
 
     assert anyio.run(first_only) == [("r/a", files["r/a"])]
+
+
+def test_a_reader_reads_on_past_members_whose_bytes_do_not_match():
+    """The mismatch is raised once the member's padding is read too: a caller that catches it
+    (verify, naming every bad member) reads the next member, and the archive's end is checked."""
+    files = {"r/a": b"a" * 600, "r/b": b"b" * 7, "r/c": b"c" * 5000}
+    blob = encode_point(header(FULL, 1, 1, 1, files), files)
+    blob = _corrupt(_corrupt(blob, b"a" * 600, b"A"), b"c" * 5000, b"C")
+
+    async def every(piece: int) -> list[tuple[str, str]]:
+        out = []
+        async for e, body in PointReader(_chunks(blob, piece)).files():
+            try:
+                await drain(body)
+                out.append((e.key, "ok"))
+            except EntryMismatch as err:
+                out.append((e.key, str(err)))
+        return out
+
+    for piece in (1, 512, 4096, len(blob)):
+        assert anyio.run(every, piece) == [("r/a", "point 1 entry 'r/a' does not match its sha256"), ("r/b", "ok"),
+                                           ("r/c", "point 1 entry 'r/c' does not match its sha256")]
+
+
+def test_a_chain_link_names_the_point_it_lacks():
+    assert link_error(5, None) is None and link_error(5, incr(5, 1)) is None
+    assert link_error(4, incr(5, 1)) == "it follows point 4, which its chain lacks"
 
 
 @pytest.mark.parametrize("cut", [0, 100, 512, 1500, -1024, -1])

@@ -1,0 +1,54 @@
+"""``checkpoint-sidecar verify`` as a real process, on a directory store the real ``run`` mirrored
+(with the restore point its drain wrote): its exit codes (0 clean, 4 damaged, 1 no store, 2 bad
+usage), each failure one line on stderr and never a traceback."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from support import run_cli, sidecar_env, write_atomic
+
+
+def test_verify_exit_codes_on_a_store_run_mirrored(tmp_path):
+    work, store = tmp_path / "work", tmp_path / "store"
+    for rel, data in {".checkpoints/r1/a.json": b'{"a": 1}' * 50, ".function_approvals/b.json": b"{}"}.items():
+        write_atomic(work / rel, data)
+    env = sidecar_env(SIDECAR_PREFIX="agents/s1")
+    r = run_cli("run", "--store", str(store), "--", "true", cwd=work, env=env)
+    assert r.returncode == 0, r.stderr
+
+    verify = ["verify", "--store", str(store)]
+    clean = run_cli(*verify, "--read-data", cwd=work, env=sidecar_env(SIDECAR_PREFIX="agents"))
+    assert clean.returncode == 0, clean.stderr
+    assert clean.stdout.splitlines()[0].startswith("ok       agents/s1 (")
+    assert clean.stdout.splitlines()[-1] == "verify: 1 namespaces, 1 ok, 0 damaged (every byte read)"
+
+    data = store / "agents" / "s1" / ".checkpoints" / "r1" / "a.json"  # rot, behind the store's back
+    rotten = bytearray(data.read_bytes())
+    rotten[3] ^= 1
+    data.write_bytes(bytes(rotten))
+    assert run_cli(*verify, cwd=work, env=sidecar_env()).returncode == 0, "metadata alone cannot tell"
+    damaged = run_cli(*verify, "--read-data", "--json", cwd=work, env=sidecar_env())
+    assert damaged.returncode == 4, damaged.stderr
+    (row,) = [json.loads(line) for line in damaged.stdout.splitlines()]
+    assert row["namespace"] == "agents/s1" and row["status"] == "damaged"
+    (bad,) = row["damaged"]
+    assert bad["key"] == ".checkpoints/r1/a.json" and bad["problems"] == ["its bytes do not hash to its recorded sha256"]
+    assert bad["recovered_by"]["point"].startswith(".sidecar/points/") and bad["recovered_by"]["time"].endswith("Z")
+
+    missing = run_cli("verify", "--store", str(tmp_path / "nowhere"), cwd=work, env=sidecar_env())
+    assert missing.returncode == 1 and missing.stdout == ""
+    (line,) = missing.stderr.splitlines()
+    assert line.startswith("checkpoint-sidecar: error: the store ") and line.endswith(" is not there: check SIDECAR_STORE")
+    assert str(tmp_path / "nowhere") in line and not (tmp_path / "nowhere").exists()
+
+
+def test_verify_bad_input_is_one_line(tmp_path: Path):
+    work = tmp_path / "work"
+    work.mkdir()
+    for args, env in ((["--read-data=yes"], {}), (["--older-than", "7d"], {}),
+                      ([], {"SIDECAR_PREFIX": "agents/{UNSET_VARIABLE}"})):
+        r = run_cli("verify", "--store", str(tmp_path / "store"), *args, cwd=work, env=sidecar_env(**env))
+        assert r.returncode == 2 and len(r.stderr.splitlines()) == 1, (args, r.stderr)
+        assert "Traceback" not in r.stderr and r.stdout == ""
