@@ -23,6 +23,7 @@ def test_bench_quick_runs_and_writes_results():
     assert {"latency", "burst", "restore", "write"} <= figures
 
 
+@pytest.mark.nightly  # a benchmark run with fixed pauses; the rules: unit/test_writer.py, test_heartbeat_idle.py
 def test_requests_bench_counts_one_write_per_sparse_checkpoint(tmp_path):
     """bench/request_counts.py against its own Azurite: sparse checkpoints cost one write each (the
     proof of ownership is a marker read), idling costs none, and the heartbeat writes the marker."""

@@ -60,7 +60,7 @@ def consistent(state_dir) -> tuple[bool, str]:
     return b in (len(ids) - 1, len(ids) - 2), f"bindings -> {b} with checkpoints 0..{len(ids) - 1}"
 
 
-ROUNDS = 6
+ROUNDS = 3
 
 
 def _stored_binding(store) -> bytes | None:
