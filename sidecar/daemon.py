@@ -396,7 +396,8 @@ class Daemon:
             self._keep_root(root, bool(files), plan_root_keep(
                 initial=initial, has_files=bool(files), restored=root.name in restored,
                 due=root.name in self.lineage_due, unproven=root.name in self.unproven, ours=ours,
-                recorded=lineage_recorded(root), cut_short=initial and restore_cut_short(root)))
+                recorded=lineage_recorded(root), cut_short=initial and restore_cut_short(root),
+                stored=bool(stored) or self.namespace_empty is None))
             if files and root.name in self.lineage_due:
                 await self._record_due([root])
         names = {r.name for r in roots}

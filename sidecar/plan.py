@@ -99,20 +99,22 @@ class RootKeep:
 
 
 def plan_root_keep(*, initial: bool, has_files: bool, restored: bool, due: bool, unproven: bool,
-                   ours: bool, recorded: bool, cut_short: bool) -> RootKeep:
+                   ours: bool, recorded: bool, cut_short: bool, stored: bool) -> RootKeep:
     """The rule for one scanned root. ``initial``: the first reconcile of this start, which alone
     classifies a root (later ones only see files appear); ``restored``: this start's restore filled
     it; ``due`` / ``unproven``: what earlier reconciles said; ``ours``: its lineage record names this
     store and namespace; ``recorded``: it carries a record at all; ``cut_short``: its restore marker
-    is there.
+    is there; ``stored``: the store holds files of it, or may (not listed).
 
     * A root with no files that the restore did not fill keeps its stored files (``empty``) until
-      it has files again: an empty disk never empties the store.
+      it has files again: an empty disk never empties the store. A root empty at start of which
+      the store holds nothing is new, not kept: it has nothing stored to keep, and what the host
+      writes into it is in the next point, not left out of points until a reconcile sees it.
     * At the first reconcile, a root neither due nor carrying this namespace's record is
       ``unproven``: the disk is not the truth. Otherwise a root that is not unproven and carries
       no record (the host removed the root, and the record with it) is ``due`` again.
     * At the first reconcile, a root whose restore was cut short is ``incomplete``."""
-    empty = False if has_files else (True if initial and not restored else None)
+    empty = False if has_files else (True if initial and not restored and stored else None)
     if initial and not due and not ours:
         return RootKeep(empty, unproven=True, incomplete=cut_short)
     return RootKeep(empty, due=not unproven and not recorded, incomplete=initial and cut_short)

@@ -268,12 +268,17 @@ def test_which_roots_a_reconcile_keeps_and_which_lineage_is_due():
 
     def keep(**kw):
         facts = dict(initial=True, has_files=True, restored=False, due=False, unproven=False, ours=True,
-                     recorded=True, cut_short=False)
+                     recorded=True, cut_short=False, stored=True)
         return plan_root_keep(**{**facts, **kw})
 
     assert keep() == RootKeep(empty=False)  # this namespace's disk, with files: the truth
     # an empty root the restore did not fill keeps its stored files until it has files again
     assert keep(has_files=False) == RootKeep(empty=True)
+    assert keep(has_files=False, ours=False) == RootKeep(empty=True, unproven=True)
+    # ... but one of which nothing is stored is new: nothing to keep, in points from its first upload
+    assert keep(has_files=False, stored=False) == RootKeep(empty=None)
+    assert keep(has_files=False, stored=False, due=True) == RootKeep(empty=None)  # not made yet: recorded later
+    assert keep(has_files=False, stored=False, ours=False) == RootKeep(empty=None, unproven=True)
     assert keep(has_files=False, restored=True) == RootKeep(empty=None)
     assert keep(initial=False, has_files=False) == RootKeep(empty=None)
     # a disk without this namespace's record, at the first reconcile: not the truth
