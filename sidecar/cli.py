@@ -30,22 +30,25 @@ from sidecar.errors import EXIT_CODES_HELP, EXIT_CONFIG, StoreConfigError, fail,
 COMMAND_SETTINGS = command_settings()
 
 _EPILOG = {
-    "restore": "0 once the state is back on disk (or nothing was stored); 1 when the store cannot be read; "
-               "--as-of: 1 when no restore point is at or before TIME, or a root holds files (without --force-restore)",
+    "restore": "0 once the state is back on disk (or nothing was stored, or the store is not there yet: one warning "
+               "names it); 1 when the store cannot be read; "
+               "--as-of: 1 when no restore point is at or before TIME, a root holds files (without --force-restore), or the "
+               "store is not there",
     "sync": "75 when stopped with changes still pending (not flushed within SIDECAR_DRAIN_TIMEOUT)",
     "run": "the child's own exit code (128+N for signal N); 1 if the restore failed (CMD never starts), "
            "127/126 if CMD cannot start; 75 when a newer sidecar fenced it (CMD is stopped: SIGTERM, then SIGKILL "
            "after SIDECAR_CHILD_STOP_GRACE)",
-    "status": "0 in sync; 1 not in sync or the store cannot be reached",
+    "status": "0 in sync; 1 not in sync, or the store cannot be reached or is not there",
     "probe": "0 ready/live; 1 not, or no answer within --timeout; 2 when SIDECAR_HTTP_ADDR is empty",
-    "release": "0 once released (or when the namespace has no owner marker); 1 when the store cannot be reached; "
+    "release": "0 once released (or when the namespace has no owner marker); 1 when the store cannot be reached or "
+               "is not there; "
                "2 refused: the owner is live (without --force), or bad configuration",
-    "sessions": "0 once every namespace is listed; 1 when the store cannot be listed",
+    "sessions": "0 once every namespace is listed; 1 when the store cannot be listed or is not there",
     "prune": "0 done (also when nothing was eligible); 1 the store cannot be listed (or does not exist), or the "
              "push to --pushgateway failed; 2 bad usage or configuration (a duration without its unit, --older-than "
              "below 1h without --force); 3 some eligible namespaces failed or were refused, each on a line of its "
              "own (the others were pruned: run it again)",
-    "history": "0 once listed (none is fine); 1 when the store cannot be read",
+    "history": "0 once listed (none is fine); 1 when the store cannot be read or is not there",
     "verify": "0 every namespace ok; 4 some namespace is damaged (its lines name the keys); 1 the store is not "
               "there or cannot be read; 2 bad usage or configuration",
 }

@@ -55,7 +55,7 @@ from sidecar.configtypes import (  # noqa: F401 (shown, the value types and boun
     check_gateway,
     shown,
 )
-from sidecar.namespace import Namespace, NamespaceError, check_template, resolve
+from sidecar.namespace import Namespace, NamespaceError, check_template, project_namespace, resolve
 from sidecar.paths import DEFAULT_IGNORE, Root, check_local_path, is_within, make_roots
 from sidecar.store.registry import StoreURL, parse_store
 
@@ -548,6 +548,7 @@ def load(overrides: Mapping[str, object] | None = None, cwd: str | None = None,
                  "in case): keep one" for v, ks in twice.items()]
     platform = platform_variable(env)
     store_set = "store" in given or any(k.upper() == "SIDECAR_STORE" for k in env)
+    prefix_set = "prefix" in given or any(k.upper() == "SIDECAR_PREFIX" for k in env)
     if not store_set:
         given["store"] = default_store(env)
         if platform:
@@ -578,6 +579,10 @@ def load(overrides: Mapping[str, object] | None = None, cwd: str | None = None,
                 problems.append(f"SIDECAR_ROOTS: {r.path} is not a directory")
     except ValueError as e:
         problems.append(f"SIDECAR_ROOTS: {e}")
+    ns = settings._namespace
+    if not store_set and not prefix_set and roots and not ns.path and not ns.identity:
+        # the default store is shared by every project on this machine: each gets a namespace of its own
+        settings._namespace = project_namespace([r.path for r in roots])
     local = settings.store_url.local_path
     if local is not None:
         store_dir = os.path.normpath(os.path.join(cwd or os.getcwd(), local))

@@ -284,7 +284,17 @@ class Daemon:
         finally:
             with anyio.CancelScope(shield=True):
                 await legacy.aclose()
-        if found:
+        if found and ns.project:
+            import shlex
+
+            log.warning(
+                "legacy_state_found", at="the top of the store", roots=",".join(found), namespace=ns.path,
+                detail=(f"the default store is shared by every project on this machine, and keeps each in a namespace "
+                        f"of its own; state stored before that is at its top, and this project's namespace {ns.path} "
+                        f"({ns.project}) is empty. If that state is this project's, restore it once explicitly, naming "
+                        f"the store: SIDECAR_STORE={shlex.quote(str(self.settings.store))} checkpoint-sidecar restore; "
+                        "run or sync then mirrors it into this namespace (docs/NAMESPACES.md)"))
+        elif found:
             where = ns.legacy or "the top of the store"
             log.warning(
                 "legacy_state_found", at=where, roots=",".join(found), namespace=ns.path,

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import anyio
 
 from sidecar.errors import EXIT_OK, fail
-from sidecar.storeclient import open_store
+from sidecar.storeclient import missing, open_store
 
 if TYPE_CHECKING:
     from sidecar.config import Settings
@@ -52,7 +52,7 @@ def line(r: dict) -> str:
 
 
 async def command(settings: Settings, as_json: bool) -> int:
-    """List the restore points; exit 0 (none is fine), 1 when the store cannot be read."""
+    """List the restore points; exit 0 (none is fine), 1 when the store cannot be read or is not there."""
     from sidecar import log
     from sidecar.pointrestore import list_points, read_header
     from sidecar.points import PointError, chains
@@ -63,6 +63,8 @@ async def command(settings: Settings, as_json: bool) -> int:
     deadline = time.monotonic() + 10.0
     try:
         await retry_transient(store.open, "open", deadline)
+        if why := await missing(store):  # "no restore points" would hide a typo in SIDECAR_STORE
+            return fail(why)
         points = await list_points(store, deadline)
         in_chain = {p for c in chains(points) for p in c.points}
         headers: dict[PointName, tuple[int | None, int | None, str | None]] = {}

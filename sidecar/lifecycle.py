@@ -45,7 +45,7 @@ from anyio.abc import TaskGroup
 
 from sidecar import log
 from sidecar.errors import EXIT_CONFIG, EXIT_FAIL, EXIT_OK, EXIT_PENDING, fail
-from sidecar.storeclient import open_store
+from sidecar.storeclient import missing, open_store
 
 if TYPE_CHECKING:
     from sidecar.config import Settings
@@ -321,11 +321,32 @@ async def restore(settings: Settings, roots: list[Root], as_of: tuple[float | No
         daemon = Daemon(settings, roots, store)
         daemon.takes_over = False  # reads only (a prune deleting the namespace is still waited for)
         code = await prepare(daemon, settings)
+        if code is None and daemon.namespace_empty:
+            await _say_if_missing(store)
         if code is None:
             await daemon.report_legacy_state()
         return EXIT_OK if code is None else code
     finally:
         await store.aclose()
+
+
+async def _say_if_missing(store: Store) -> None:
+    """A plain ``restore`` that found nothing: when the store itself is not there, one warning line
+    naming it. Not an error: an init container's restore on a new deployment runs before the first
+    ``sync`` or ``run`` creates the store (the Azure container; a directory store on a container
+    platform is refused before this, exit 2), so it starts empty; a typo in ``SIDECAR_STORE`` is
+    said all the same."""
+    from sidecar.store.base import StoreError
+
+    try:
+        there = await store.exists()
+    except StoreError as e:
+        log.debug("store_exists_check_failed", error=str(e))
+        return
+    if not there:
+        log.warning("store_not_there", store=store.description,
+                    detail="the store does not exist yet: nothing was restored and nothing was created; the first "
+                           "sync or run creates it. Check SIDECAR_STORE unless this is a first start")
 
 
 async def restore_as_of(settings: Settings, roots: list[Root], store: Store, when: float | None,
@@ -351,6 +372,8 @@ async def restore_as_of(settings: Settings, roots: list[Root], store: Store, whe
     deadline = time.monotonic() + 10.0
     try:
         await retry_transient(store.open, "open", deadline)
+        if why := await missing(store):  # "no restore point" would hide a typo in SIDECAR_STORE
+            return fail(f"restore --as-of failed: {why}")
         # (a prune deleting the namespace is waited for; nothing is written: take=False). Into
         # empty roots (no --force-restore) it only reads: another identity's namespace will do,
         # nothing of this compute is mixed into it (a sidecar started here later is checked)
@@ -426,11 +449,14 @@ async def release(settings: Settings, roots: list[Root], force: bool = False) ->
     from sidecar.store.base import StoreError
 
     del roots  # the namespace is the store's, whatever roots are configured
-    store = open_store(settings, read_only=True)
+    # creates nothing; its clock is the store's own (a probe file on a directory store: it writes anyway)
+    store = open_store(settings, read_only=True, writes=True)
     where = settings.namespace.path or "(top of the store)"
     deadline = time.monotonic() + 10.0
     try:
         await retry_transient(store.open, "open", deadline)
+        if why := await missing(store):  # "nothing to release" would hide a typo in SIDECAR_STORE
+            return fail(f"cannot release the namespace {where!r}: {why}")
         if not force and (why := await retry_transient(partial(_held_live, store, settings.live_within),
                                                        "read the owner marker", deadline)):
             return fail(f"refusing to release the namespace {where!r} in {store.description}: {why}; or pass "

@@ -73,12 +73,17 @@ class Namespace:
     #: where a release without session namespaces kept this state (its top-level prefix), when
     #: that differs from ``path``; None when they are the same
     legacy: str | None = None
+    #: the directory this namespace of the shared default store was derived from
+    #: (:func:`project_namespace`); "" for a namespace that was configured
+    project: str = ""
 
     def identity_text(self) -> str:
         return describe_identity(self.identity)
 
     def describe(self) -> str:
         shown = self.path or "(top of the store)"
+        if self.project:
+            return f"{shown} (the default store's namespace for {self.project})"
         return f"{shown} ({self.identity_text()})" if self.identity else shown
 
 
@@ -286,3 +291,25 @@ def _variables(store_url: str, namespace: str, identity: Mapping[str, str] | Non
     if hidden:
         notes += " (add the store's SAS token, not shown here, to SIDECAR_STORE, or its credentials)"
     return words, notes
+
+
+#: Where the default store keeps each project's namespace (:func:`project_namespace`).
+PROJECTS = "local"
+
+
+def project_namespace(root_paths: list[str]) -> Namespace:
+    """The namespace of the shared default store (``$XDG_STATE_HOME/checkpoint-sidecar/store``,
+    used when neither ``SIDECAR_STORE`` nor ``SIDECAR_PREFIX`` is set) for roots at ``root_paths``
+    (absolute): ``local/<name>-<hash>``, from the directory that holds them (their common parent:
+    the working directory for the default roots), so two projects on one machine never restore
+    each other's state. ``<name>`` is that directory's name made safe (for reading only), ``<hash>``
+    the first 8 hex digits of the sha256 of its absolute path (what tells two ``app`` directories
+    apart). State kept at the top of the store (before namespaces were derived) is its legacy
+    place."""
+    import hashlib
+    import os
+
+    where = os.path.commonpath([os.path.dirname(os.path.normpath(p)) for p in root_paths])
+    digest = hashlib.sha256(where.encode("utf-8", "surrogateescape")).hexdigest()[:8]
+    name = re.sub(r"[^A-Za-z0-9_~=@+-]+", "-", os.path.basename(where))[:40].strip("-") or "root"
+    return _checked(Namespace(f"{PROJECTS}/{name}-{digest}", legacy="", project=where))

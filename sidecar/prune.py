@@ -45,7 +45,7 @@ from sidecar.namespaces import Namespace, StoreClock, full_name, namespace_store
 from sidecar.pruner import FAILED, PRUNED, SKIPPED, WOULD_PRUNE, Pruner, Result
 from sidecar.sessionplan import prunable
 from sidecar.store.base import Store, StoreError
-from sidecar.storeclient import open_store
+from sidecar.storeclient import missing, open_store
 
 EXIT_PARTIAL = 3
 #: The store itself (the directory, the container) is not there: nothing can be listed.
@@ -123,13 +123,14 @@ async def command(settings: Settings, dry_run: bool, force: bool = False) -> int
     if note:
         print(f"prune: {note}", file=sys.stderr, flush=True)
     prefix = settings.namespace.path
-    top = open_store(settings, read_only=True)
+    # creates nothing; a dry run writes nothing either (its clock is this machine's on a directory store,
+    # said in one line), a real run makes its clock probe there like any write
+    top = open_store(settings, read_only=True, writes=not dry_run)
     tally = Tally(dry_run)
     try:
         await top.open()
-        if not await top.exists():
-            return fail(f"the store {top.description} is not there (its {_what(top)} does not exist): nothing was "
-                        "pruned; check SIDECAR_STORE", EXIT_MISSING)
+        if why := await missing(top):  # dry run or not: the same line, the same code
+            return fail(f"{why} (its {_what(top)} does not exist): nothing was pruned", EXIT_MISSING)
         if (owner := await _enclosing_namespace(settings, prefix)) is not None:
             return fail(f"SIDECAR_PREFIX {log.printable(prefix)!r} lies inside the namespace {log.printable(owner)!r} "
                         f"(it has an owner marker): prune the namespaces under a prefix that holds them, never "

@@ -19,7 +19,7 @@ from sidecar.errors import EXIT_CONFIG, EXIT_OK, fail
 from sidecar.namespace import NamespaceError, describe_identity
 from sidecar.namespaces import Namespace, full_name, operator_settings, walk
 from sidecar.store.base import StoreError
-from sidecar.storeclient import open_store
+from sidecar.storeclient import missing, open_store
 
 HEADER = f"{'NAMESPACE':<44} {'OWNER':<8} {'FILES':>7} {'BYTES':>12} {'LAST WRITE (UTC)':<20} {'POINTS':>6}  IDENTITY"
 
@@ -59,8 +59,8 @@ async def command(settings: Settings, json_lines: bool, live_within: float) -> i
     prefix = settings.namespace.path
     try:
         await store.open()
-        if not await store.exists():
-            return fail(f"the store {store.description} is not there: check SIDECAR_STORE")
+        if why := await missing(store):
+            return fail(why)
         if not json_lines:
             print(HEADER, flush=True)
         async for ns in walk(store, live_within):

@@ -21,16 +21,19 @@ from sidecar.localfs import Gaps, scan_root
 from sidecar.paths import IgnoreRules, Root
 from sidecar.plan import plan_status
 from sidecar.store.base import Store, StoreError
-from sidecar.storeclient import open_store
+from sidecar.storeclient import missing, open_store
 
 SHOWN = 10  # names listed per kind in the text report
 
 
 async def command(settings: Settings, roots: list[Root], as_json: bool) -> int:
     """``checkpoint-sidecar status [--json]``: print the report (:func:`report`, :func:`render`).
-    Exit 0 in sync; 1 when not, or when the store cannot be read (one error line then)."""
+    Exit 0 in sync; 1 when not, or when the store cannot be read or is not there (one error line then)."""
     store = open_store(settings, read_only=True)
     try:
+        await store.open()
+        if why := await missing(store):  # lists as empty without it: never "in sync" with nothing
+            return fail(why)
         rep = await report(settings, roots, store)
     except StoreError as e:
         return fail(f"cannot reach the store: {e}")

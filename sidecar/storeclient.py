@@ -13,8 +13,12 @@ if TYPE_CHECKING:
     from sidecar.store.base import Store
 
 
-def open_store(settings: Settings, read_only: bool = False, roots: list[Root] | None = None) -> Store:
-    """The store client for ``settings``; raises :class:`~sidecar.errors.StoreConfigError` when
+def open_store(settings: Settings, read_only: bool = False, roots: list[Root] | None = None,
+               writes: bool | None = None) -> Store:
+    """The store client for ``settings``. ``read_only``: opening it creates nothing (no container,
+    no directory); ``writes`` (default: not ``read_only``): False for a command that writes
+    nothing at all, not even a probe of the store's clock (see :func:`sidecar.store.make_store`).
+    Raises :class:`~sidecar.errors.StoreConfigError` when
     its URL or credentials cannot be used, or when on a container platform it is a directory that
     does not exist (:func:`~sidecar.config.check_store_volume`: checked before anything can make it;
     one on the container's own disk or on the filesystem of ``roots`` is a warning). Nothing is sent
@@ -25,9 +29,19 @@ def open_store(settings: Settings, read_only: bool = False, roots: list[Root] | 
     try:
         on_local_disk = check_store_volume(settings, roots or [])
         store = make_store(settings.store_url, settings.namespace.path, read_only=read_only,
-                           concurrency=settings.concurrency)
+                           concurrency=settings.concurrency, writes=writes)
     except ValueError as e:
         raise StoreConfigError(str(e)) from None
     for event, fields in on_local_disk:
         log.warning(event, None, **fields)
     return store
+
+
+async def missing(store: Store) -> str | None:
+    """The one error line for a store that is not there (:meth:`Store.exists`: the directory
+    store's directory, the Azure container), None when it is: a read-only store lists as empty
+    without it, and a typo in ``SIDECAR_STORE`` must never pass for a store with nothing in it.
+    Raises ``StoreError`` when that cannot be told."""
+    if await store.exists():
+        return None
+    return f"the store {store.description} is not there: check SIDECAR_STORE"

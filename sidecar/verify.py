@@ -47,7 +47,7 @@ from sidecar.pointrestore import close_stream, open_point, rfc3339
 from sidecar.points import EntryMismatch, PointError, PointName, parse_point_key
 from sidecar.retry import retry_transient
 from sidecar.store.base import NotFound, ObjectInfo, Store, StoreError
-from sidecar.storeclient import open_store
+from sidecar.storeclient import missing, open_store
 from sidecar.tarstream import drain
 from sidecar.verifyplan import (
     BAD_BYTES,
@@ -340,8 +340,8 @@ async def command(settings: Settings, read_data: bool, as_json_lines: bool) -> i
     count = damaged = 0
     try:
         await retry_transient(top.open, "open", time.monotonic() + RETRY_SECONDS)
-        if not await top.exists():
-            return fail(f"the store {top.description} is not there: check SIDECAR_STORE")
+        if why := await missing(top):
+            return fail(why)
         async for report in reports(top, partial(namespace_store, settings, prefix, concurrency=parallel), read_data,
                                     parallel):
             count += 1

@@ -109,10 +109,12 @@ _CLOCK_TOLD = log.Once(limit=16)  # stores whose clock fell back to this machine
 
 class DirectoryStore:
     """``create=False`` (a read-only use such as ``status``): :meth:`open` makes no directory,
-    and a store that does not exist yet lists as empty."""
+    and a store that does not exist yet lists as empty; ``writes=False`` (default: ``create``): nothing
+    is written, not even the clock probe of :meth:`now` (a command that only reads)."""
 
-    def __init__(self, base: str, prefix: str = "", create: bool = True) -> None:
+    def __init__(self, base: str, prefix: str = "", create: bool = True, writes: bool | None = None) -> None:
         self.create = create
+        self.writes = create if writes is None else writes
         self.base = os.path.abspath(base)
         self.prefix = prefix.strip("/")
         self.top = os.path.join(self.base, self.prefix) if self.prefix else self.base
@@ -564,19 +566,22 @@ class DirectoryStore:
         return await self._run(os.path.isdir, self.base)
 
     async def now(self) -> float:
-        def read() -> float:  # in the namespace's directory, or where it would be made (not yet)
+        why = "this command only reads the store, so it makes no clock probe there"
+        if self.writes:
             try:
-                return _clock_at(self._ns(), close=True)
-            except FileNotFoundError:
-                return _clock_at(_nearest_dir(self.base, self._prefix_parts), close=True)
+                return await self._run(self._read_clock)
+            except StoreError as e:  # a read-only or missing store: no temp file can be made there
+                why = f"the store's clock cannot be read (no file can be made there: {e})"
+        self.clock_is_local = True  # prune refuses to judge ages by it (sidecar.prune)
+        if _CLOCK_TOLD.first(self.top):  # one warning line per store
+            log.warning("store_clock_local", store=self.top, detail=f"{why}: this machine's clock is used instead")
+        return time.time()
+
+    def _read_clock(self) -> float:  # in the namespace's directory, or where it would be made (not yet)
         try:
-            return await self._run(read)
-        except StoreError as e:  # a read-only or missing store: no temp file can be made there
-            self.clock_is_local = True  # prune refuses to judge ages by it (sidecar.prune)
-            if _CLOCK_TOLD.first(self.top):
-                log.warning("store_clock_local", store=self.top, error=str(e),
-                            detail="the store's clock cannot be read (no file can be made there): this machine's is used")
-            return time.time()
+            return _clock_at(self._ns(), close=True)
+        except FileNotFoundError:
+            return _clock_at(_nearest_dir(self.base, self._prefix_parts), close=True)
 
     def _remove(self, key: str, parts: list[str], version: int | None) -> bool:
         """:meth:`delete` (``version`` None) or :meth:`delete_if`; whether something was removed."""
@@ -688,8 +693,7 @@ def parse_url(url: str, env: Mapping[str, str]) -> DirectoryLocation:
     return DirectoryLocation(path)
 
 
-def make(location: DirectoryLocation, prefix: str, *, create: bool, concurrency: int,
-         env: Mapping[str, str]) -> DirectoryStore:
-    """The directory store at ``location`` with ``prefix`` below it (its worker threads are
-    bounded on their own; ``concurrency`` and ``env`` are not needed)."""
-    return DirectoryStore(location.path, prefix, create=create)
+def make(location: DirectoryLocation, prefix: str, *, create: bool, concurrency: int, env: Mapping[str, str],
+         writes: bool | None = None) -> DirectoryStore:
+    """The directory store at ``location`` with ``prefix`` below it (``concurrency``, ``env``: not needed)."""
+    return DirectoryStore(location.path, prefix, create=create, writes=writes)

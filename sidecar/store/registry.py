@@ -7,10 +7,13 @@ A backend is one module beside this one, with two functions, and one line in :da
     parse_url(url: str, env: Mapping[str, str]) -> Location
         the URL check, run with the configuration: ValueError, one line that never shows a secret
         of the URL (a SAS token), when the URL cannot name a store of this kind
-    make(location, prefix: str, *, create: bool, concurrency: int, env: Mapping[str, str]) -> Store
+    make(location, prefix: str, *, create: bool, concurrency: int, env: Mapping[str, str],
+         writes: bool | None = None) -> Store
         the store at ``location`` with ``prefix`` below it, not yet opened (nothing sent yet);
-        ``create=False``: opening it creates nothing; ``concurrency``: operations in flight (a
-        backend sizes its connection pool from it); ValueError for unusable credentials
+        ``create=False``: opening it creates nothing; ``writes=False`` (default: ``create``): the
+        caller only reads, so nothing is written, not even to read the store's clock;
+        ``concurrency``: operations in flight (a backend sizes its connection pool from it);
+        ValueError for unusable credentials
 
 The configuration layer sees only :class:`StoreURL`; what a location holds is its backend's own.
 """
@@ -42,7 +45,7 @@ class _BackendModule(Protocol):
     def parse_url(self, url: str, env: Mapping[str, str]) -> Location: ...
 
     def make(self, location: Any, prefix: str, *, create: bool, concurrency: int,
-             env: Mapping[str, str]) -> Store: ...
+             env: Mapping[str, str], writes: bool | None = None) -> Store: ...
 
 
 @dataclass(frozen=True)
@@ -121,12 +124,16 @@ def store_kind(url: str) -> str:
 
 
 def make_store(url: str, prefix: str = "", read_only: bool = False, concurrency: int = DEFAULT_CONCURRENCY,
-               env: Mapping[str, str] | None = None) -> Store:
+               env: Mapping[str, str] | None = None, writes: bool | None = None) -> Store:
     """The store ``url`` names (a :class:`StoreURL`, or text parsed here), ``prefix`` below it, not
-    yet opened. ``read_only``: opening it creates nothing. ``concurrency``: the operations the
+    yet opened. ``read_only``: opening it creates nothing. ``writes`` (default: not ``read_only``):
+    False when the caller writes nothing at all, not even a probe of the store's clock
+    (:meth:`Store.now` is then this machine's clock where the store tells its own only by a write,
+    said in one warning line). ``concurrency``: the operations the
     caller runs at once (``SIDECAR_CONCURRENCY``), which sizes the backend's connection pool.
     ``env`` (default ``os.environ``): the credentials. ValueError, one line, for a URL or a
     credential that cannot be used."""
     env = os.environ if env is None else env
     parsed = parse_store(url, env)
-    return parsed.backend.load().make(parsed.location, prefix, create=not read_only, concurrency=concurrency, env=env)
+    return parsed.backend.load().make(parsed.location, prefix, create=not read_only, concurrency=concurrency, env=env,
+                                       writes=writes)

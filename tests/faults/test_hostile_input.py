@@ -312,6 +312,7 @@ def test_a_file_name_with_newlines_never_forges_status_lines(tmp_path):
     forged = "x.json\nin sync\n  missing locally  fake.json"
     (work / ".checkpoints").mkdir(parents=True)
     (work / ".checkpoints" / forged).write_bytes(b"pending")
+    (tmp_path / "store").mkdir()  # an empty store: one that is not there is refused before any name is listed
     r = run_cli("status", cwd=work, env=sidecar_env(SIDECAR_STORE=str(tmp_path / "store")))
     assert r.returncode == 1, r.stdout + r.stderr
     lines = r.stdout.splitlines()

@@ -113,22 +113,24 @@ def test_a_variable_of_another_command_is_fine_in_the_environment(tmp_path):
     work = tmp_path / "work"
     (work / ".checkpoints").mkdir(parents=True)
     env = env_for(tmp_path, SIDECAR_DRAIN_TIMEOUT="30", SIDECAR_CONCURRENCY="4")
+    (tmp_path / "store").mkdir()
     r = run_cli("status", cwd=work, env=env)
     assert r.returncode == 0, r.stderr
     assert "in sync" in r.stdout
 
 
 def test_status_creates_no_store(tmp_path):
-    """``status`` only reads: a store that does not exist yet is reported empty, not made."""
+    """``status`` only reads: a store that does not exist is one line, exit 1, and is not made."""
     work = tmp_path / "work"
     (work / ".checkpoints").mkdir(parents=True)
     env = env_for(tmp_path)
     del env["SIDECAR_STORE"]  # the default, under XDG_STATE_HOME
-    r = run_cli("status", cwd=work, env=env)
-    assert r.returncode == 0 and "in sync" in r.stdout, r.stdout + r.stderr
     (work / ".checkpoints" / "a.json").write_text("{}")
-    r = run_cli("status", "--json", cwd=work, env=env)
-    assert r.returncode == 1 and '"pending_upload": [\n        ".checkpoints/a.json"' in r.stdout, r.stdout + r.stderr
+    for args in ((), ("--json",)):  # never "in sync", nor "a.json pending upload", with no store at all
+        r = run_cli("status", *args, cwd=work, env=env)
+        assert r.returncode == 1 and r.stdout == "", r.stdout + r.stderr
+        (line,) = r.stderr.splitlines()
+        assert str(tmp_path / "state") in line and line.endswith(" is not there: check SIDECAR_STORE"), line
     assert not (tmp_path / "state").exists()
 
 

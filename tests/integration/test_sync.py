@@ -130,6 +130,7 @@ def test_symlinks_are_never_followed(work, tmp_path):
 def test_status_reports_and_exits_by_sync_state(work):
     work, store = work
     write_atomic(work / ".checkpoints" / "c" / "1.json", b"x")
+    store.mkdir()  # an empty store (one that is not there is an error, not "pending upload")
     r = run_cli("status", "--store", str(store), cwd=work)
     assert r.returncode == 1 and "1 pending upload" in r.stdout
     sc = start(work, store)

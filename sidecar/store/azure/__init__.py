@@ -22,9 +22,10 @@ __all__ = ["AzureBlobStore", "BlobLocation", "make", "parse_store_url", "parse_u
 
 
 def make(location: BlobLocation, prefix: str, *, create: bool, concurrency: int,
-         env: Mapping[str, str]) -> "AzureBlobStore":
+         env: Mapping[str, str], writes: bool | None = None) -> "AzureBlobStore":
     """The registry's factory: the store at ``location`` with ``prefix`` (the namespace) below
-    the URL's own, credentials from ``env``, a pool sized for ``concurrency`` operations."""
+    the URL's own, credentials from ``env``, a pool sized for ``concurrency`` operations
+    (``writes`` is not needed: the service's clock is read from a response, writing nothing)."""
     from sidecar.store.azure.store import AzureBlobStore
 
     return AzureBlobStore.at(location.with_prefix(prefix), env, create=create, concurrency=concurrency)
