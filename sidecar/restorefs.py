@@ -189,7 +189,7 @@ def load_kept(root: Root) -> set[str]:
         os.close(fd)
     try:
         keys = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # malformed, or nested past the parser's depth
         return set()
     if not isinstance(keys, list):
         return set()
@@ -258,7 +258,7 @@ def read_lineage(root: Root) -> Lineage | None:
         os.close(fd)
     try:
         record = json.loads(raw) if len(raw) <= MAX_LINEAGE_BYTES else None
-    except ValueError:
+    except (ValueError, RecursionError):  # malformed, or nested past the parser's depth
         return None
     if not isinstance(record, dict) or not isinstance(record.get("store"), str) \
             or not isinstance(record.get("namespace"), str):

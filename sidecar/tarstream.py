@@ -307,7 +307,10 @@ def load_header(raw: bytes, max_entries: int, what: str, error: type[Exception])
             raise error(f"unreadable {what}: the header names more than {max_entries} entries")
         return dict(pairs)
 
-    return json.loads(raw, object_pairs_hook=counted)
+    try:
+        return json.loads(raw, object_pairs_hook=counted)
+    except RecursionError:  # nested past the parser's depth: as malformed as any other
+        raise ValueError("nested too deeply") from None
 
 
 async def drain(chunks: AsyncIterator[bytes]) -> None:

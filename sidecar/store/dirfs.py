@@ -140,7 +140,7 @@ def _read_record_at(dfd: int | None, name: str) -> dict | None:
         return None
     try:
         rec = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # malformed, or nested past the parser's depth
         return None
     return rec if isinstance(rec, dict) else None
 

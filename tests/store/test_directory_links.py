@@ -221,3 +221,16 @@ def test_a_sidecar_whose_namespace_directory_is_a_link_refuses_it_in_one_line(tm
     assert "Traceback" not in r.stderr
     assert snapshot(outside) == {"s1": ("dir",)}
     assert os.path.islink(store / "agent")
+
+
+async def test_a_record_nested_past_the_parsers_depth_is_no_record(tmp_path):
+    """A metadata record of ``[[[…]]]`` a couple of thousand deep (under the record size cap) raised
+    RecursionError out of json.loads: listing, restore and verify ended as an unexpected error.
+    It is a record the store cannot vouch for, like any other malformed one."""
+    store = DirectoryStore(str(tmp_path / "store"))
+    await store.open()
+    await store.put("r/a.json", b"{}", ObjectMeta.of(b"{}", 1, 0o600, version=5))
+    (tmp_path / "store" / ".sidecar-meta" / "r" / "a.json.json").write_bytes(b"[" * 2000 + b"]" * 2000)
+    (info,) = [i async for i in store.list()]
+    assert info.key == "r/a.json" and info.sha256 is None and info.version == 0
+    await store.aclose()

@@ -340,3 +340,16 @@ def test_a_full_point_is_due_when_the_chain_costs_more_than_one():
     assert full_due(incr_bytes=0, **{**kw, "full_age": D})
     assert not full_due(incr_bytes=0, **{**kw, "full_age": 10 * D, "full_interval": 0})
     assert full_due(incr_bytes=0, **{**kw, "incrs": 2000})
+
+
+def test_a_header_nested_past_the_parsers_depth_is_unreadable_not_a_crash():
+    """``[[[…]]]`` a few thousand deep in a point's header (or a bundle's) raised RecursionError out
+    of json.loads, which verify, history and restore reported as an unexpected error, exit 1."""
+    from sidecar.points import PointError, parse_header
+    from sidecar.snapshot import BundleError, _parse_header
+
+    deep = b"[" * 5000 + b"]" * 5000
+    with pytest.raises(PointError):
+        parse_header(deep)
+    with pytest.raises(BundleError):
+        _parse_header(deep, 2)
