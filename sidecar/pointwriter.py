@@ -142,18 +142,30 @@ class PointWriter:
         return None
 
     # -- one point --------------------------------------------------------------------------
-    def _tree(self) -> dict[str, ObjectMeta] | None:
-        """The committed tree now (None: the uploader is busy, nothing has settled)."""
+    def _tree(self) -> tuple[dict[str, ObjectMeta], set[str]] | None:
+        """The committed tree now, and the keys of it carried from the last point (None: the
+        uploader is busy, nothing has settled).
+
+        A file the store keeps but the disk does not hold (a kept root's, a kept key's) is not
+        written into a point from the disk; but it is not deleted either: the entry the last point
+        has for it is carried, so that no point records as deleted what the store still holds (a
+        restore of that point, then a sidecar taking its disk for the truth, would delete it)."""
         if not self.idle():
             return None
         kept_roots, kept_keys = self.excluded()
         skipped = self.known.skipped_keys()
-        tree = {}
+        tree: dict[str, ObjectMeta] = {}
         for key, info in self.known.objects_in(set(self.roots_by_name) - kept_roots).items():
             if key in kept_keys or key in skipped or info.sha256 is None:
-                continue  # not on disk as stored, or not vouched for by the store: never in a point
+                continue  # not on disk as stored, or not vouched for by the store: not from the disk
             tree[key] = ObjectMeta(info.size, info.sha256, info.mtime_ns, info.mode & 0o7777, info.version)
-        return tree
+        carried: set[str] = set()
+        if self.chain is not None:
+            for key, meta in self.chain.tree.items():
+                if key not in tree and (key in kept_keys or key.partition("/")[0] in kept_roots) and key in self.known:
+                    tree[key] = meta
+                    carried.add(key)
+        return tree, carried
 
     async def write_point(self, *, compact: bool = True) -> Written | None:
         """A point of the committed tree if it changed since the last one (then retention); None
@@ -164,14 +176,20 @@ class PointWriter:
             await self.writer.ready()
             if not self._loaded:
                 await self._load()
-            tree = self._tree()
-            if tree is None:
+            now = self._tree()
+            if now is None:
                 self._not_settled("the uploader has work pending")
                 return None
+            tree, carried = now
+            if carried:  # their bytes are not on disk: only an incremental point can keep them
+                compact = False
             chain = self.chain
             if chain is not None and chain.tree == tree:
                 return None
             header = self._plan(tree, chain, compact)
+            if carried and header.kind == FULL:
+                self._not_settled(f"a full point is due, and {len(carried)} files the store keeps are not on disk")
+                return None
             if not fits(header):
                 if not self._warned_large:
                     self._warned_large = True

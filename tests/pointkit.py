@@ -8,8 +8,8 @@ from typing import Any, Iterable
 
 import anyio
 
-from sidecar.points import FULL, INCR, PointEntry, PointHeader, encode_point, point_key
-from sidecar.store.base import ObjectInfo, ObjectMeta
+from sidecar.points import FULL, INCR, PointEntry, PointHeader, encode_point, parse_point_key, point_key, read_point
+from sidecar.store.base import NotFound, ObjectInfo, ObjectMeta
 from tests.memstore import FakeClock
 
 
@@ -91,3 +91,30 @@ class Counting:
 
     def gets(self, prefix: str = "") -> list[str]:
         return sorted(k for op, k in self.calls if op == "get" and k.startswith(prefix))
+
+
+async def newest_tree(store) -> dict[str, bytes] | None:
+    """The tree the newest point's chain gives (key -> bytes), None when there is no point."""
+    names = []
+    async for info in store.list(".sidecar/points/"):
+        name = parse_point_key(info.key)
+        if name is not None:
+            names.append(name)
+    if not names:
+        return None
+    newest = max(names)
+    tree: dict[str, bytes] = {}
+    for name in sorted(n for n in names if n.base == newest.base and n.seq <= newest.seq):
+        try:
+            _, chunks = await store.get_stream(name.key)
+        except NotFound:  # deleted by retention since the listing: look again
+            return None
+        header, files = await read_point(chunks)
+        if name.kind == "full":
+            tree = {}
+        for e in header.entries:
+            if e.meta is None:
+                tree.pop(e.key, None)
+            else:
+                tree[e.key] = files[e.key]
+    return tree

@@ -13,39 +13,11 @@ from pathlib import Path
 import anyio
 import pytest
 
-from sidecar.points import parse_point_key, read_point
-from sidecar.store.base import NotFound
 from support import write_atomic
 from tests.inprocess import InProcess, run_sync, settings_for
+from tests.pointkit import newest_tree
 
 pytestmark = pytest.mark.anyio
-
-
-async def newest_tree(store) -> dict[str, bytes] | None:
-    """The tree the newest point's chain gives (key -> bytes), None when there is no point."""
-    names = []
-    async for info in store.list(".sidecar/points/"):
-        name = parse_point_key(info.key)
-        if name is not None:
-            names.append(name)
-    if not names:
-        return None
-    newest = max(names)
-    tree: dict[str, bytes] = {}
-    for name in sorted(n for n in names if n.base == newest.base and n.seq <= newest.seq):
-        try:
-            _, chunks = await store.get_stream(name.key)
-        except NotFound:  # deleted by retention since the listing: look again
-            return None
-        header, files = await read_point(chunks)
-        if name.kind == "full":
-            tree = {}
-        for e in header.entries:
-            if e.meta is None:
-                tree.pop(e.key, None)
-            else:
-                tree[e.key] = files[e.key]
-    return tree
 
 
 async def test_a_new_sessions_files_are_in_a_point_once_changes_settle(make_store, tmp_path):

@@ -1,0 +1,71 @@
+"""A restore point never records as deleted a file the store keeps (found by an outside tester).
+
+A root removed as a whole and made again by the host with a new file: the stored files it lacks
+are kept (not deleted, see docs/MIRRORING.md). The points written after that must still hold them:
+a point that recorded them as deleted gave ``restore --as-of`` a tree without them, and a sidecar
+then taking that disk for the truth deleted them from the store. In process, on every store."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import anyio
+import pytest
+
+from support import write_atomic
+from tests.inprocess import InProcess, run_sync, settings_for
+from tests.pointkit import newest_tree
+
+pytestmark = pytest.mark.anyio
+
+FIVE = {f".checkpoints/r1/a{i}.json": f'{{"step": {i}}}'.encode() for i in range(5)}
+
+
+async def until(cond, what: str, timeout: float = 30) -> None:
+    with anyio.fail_after(timeout):
+        while not await cond():
+            await anyio.sleep(0.02)  # a poll's pace
+
+
+async def test_the_points_after_a_root_came_back_keep_the_files_it_lacks(make_store, tmp_path):
+    store = await make_store("")
+    work = tmp_path / "work"
+    cps = work / ".checkpoints"
+    cps.mkdir(parents=True)
+    settings, roots = settings_for(work, str(tmp_path / "unused"), restore_point_interval=0.2,
+                                   reconcile_interval=0, roots=[str(cps)])
+    new = {".checkpoints/r2/new.json": b'{"step": 9}'}
+
+    async def host(life: InProcess) -> None:
+        for key, data in FIVE.items():
+            write_atomic(Path(work, key), data)
+
+        async def pointed(want):
+            return await newest_tree(store) == want
+
+        await until(lambda: pointed(FIVE), "a point of the five files")
+        shutil.rmtree(cps)  # the root goes as a whole
+        await until(lambda: _false(life.daemon.health.ready), "the root counted as gone")
+        for key, data in new.items():  # made again by the host, with a new file only
+            write_atomic(Path(work, key), data)
+        await until(lambda: _true(life.daemon.kept_keys == set(FIVE)), "the five kept")
+        await until(lambda: _has(store, new), "a point with the new file")
+        tree = await newest_tree(store)
+        assert tree == {**FIVE, **new}, f"the newest point dropped what the store keeps: {sorted(tree or ())}"
+
+    assert await run_sync(InProcess(settings, roots, store), host) == 0
+    assert await newest_tree(await make_store("")) == {**FIVE, **new}  # the drain's point too (the first store is closed)
+
+
+async def _false(value: bool) -> bool:
+    return not value
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def _has(store, files: dict[str, bytes]) -> bool:
+    tree = await newest_tree(store) or {}
+    return all(tree.get(k) == v for k, v in files.items())
