@@ -135,7 +135,7 @@ def _recording_store(path, slow_owner_read: float = 0.0, refuse_owner_write: boo
     from sidecar.store.directory import DirectoryStore
 
     class Recording(DirectoryStore):
-        writes: list[str] = []
+        recorded: list[str] = []
 
         async def get_stream(self, key):  # the marker is read as a stream
             if key == OWNER_KEY and slow_owner_read:
@@ -145,11 +145,11 @@ def _recording_store(path, slow_owner_read: float = 0.0, refuse_owner_write: boo
         async def put(self, key, data, meta, **conditions):
             if key == OWNER_KEY and refuse_owner_write:
                 raise StoreError("403 AuthorizationPermissionMismatch (a read-only credential)")
-            self.writes.append(f"put {key}")
+            self.recorded.append(f"put {key}")
             return await super().put(key, data, meta, **conditions)
 
         async def delete(self, key):
-            self.writes.append(f"delete {key}")
+            self.recorded.append(f"delete {key}")
             return await super().delete(key)
 
     return Recording(str(path))
@@ -179,19 +179,19 @@ def test_no_write_or_delete_reaches_the_store_before_the_claim(tmp_path):
         await store.put(bundle_key("state"), blob, ObjectMeta.of(blob, time.time_ns(), 0o600))
         st = (work / "state" / "a.json").stat()  # and the file already stored: nothing pending
         await store.put("state/a.json", b"a", ObjectMeta.of(b"a", st.st_mtime_ns, st.st_mode & 0o7777))
-        store.writes.clear()
+        store.recorded.clear()
         daemon = Daemon(settings, roots, store)
         await daemon.prepare()
         async with anyio.create_task_group() as tg:
             await tg.start(daemon.serve)
             with anyio.fail_after(10):
-                while f"delete {bundle_key('state')}" not in store.writes:
+                while f"delete {bundle_key('state')}" not in store.recorded:
                     await anyio.sleep(0.01)
             tg.cancel_scope.cancel()
         await store.aclose()
 
     anyio.run(main)
-    assert store.writes[0] == f"put {OWNER_KEY}", store.writes
+    assert store.recorded[0] == f"put {OWNER_KEY}", store.recorded
 
 
 def test_a_claim_the_store_refuses_is_retried_and_reported_and_nothing_is_written(tmp_path):
@@ -222,7 +222,7 @@ def test_a_claim_the_store_refuses_is_retried_and_reported_and_nothing_is_writte
         await store.aclose()
 
     anyio.run(main)
-    assert store.writes == []
+    assert store.recorded == []
 
 
 def test_two_claims_of_the_same_generation_leave_exactly_one_owner(tmp_path):
