@@ -278,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         sub.error(_unrecognized(sub, args.command, extra))
     overrides = {name: getattr(args, name, None) for name in COMMAND_SETTINGS[args.command]}
     try:
-        settings, roots = load(overrides, uses=COMMAND_SETTINGS[args.command])
+        settings, roots = load(overrides)
     except ConfigError as e:
         for problem in e.problems:
             print(f"checkpoint-sidecar: config error: {log.redact(problem)}", file=sys.stderr)

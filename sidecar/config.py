@@ -28,7 +28,7 @@ import os
 import re
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Annotated, Any, Collection, Mapping, get_args, get_origin
+from typing import Annotated, Any, Mapping, get_args, get_origin
 
 from pydantic import Field, PrivateAttr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, EnvSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
@@ -503,23 +503,6 @@ def _is_port(value: str) -> bool:
     return re.fullmatch(r"[0-9]{1,5}", value) is not None and 0 < int(value) < 65536
 
 
-def _without_unused_invalid(env: Mapping[str, str], overrides: Mapping[str, object] | None,
-                            uses: Collection[str]) -> Mapping[str, str]:
-    """``env`` without the variables of settings outside ``uses`` whose values the model refuses."""
-    given = {k: v for k, v in (overrides or {}).items() if v is not None}
-    given.setdefault("store", "unused")  # the store's own rules are not this check's
-    token = _ENVIRON.set(env)
-    try:
-        Settings(**given)  # type: ignore[arg-type]
-        return env
-    except ValidationError as e:
-        unused = {str(err["loc"][0]) for err in e.errors(include_url=False) if err["loc"] and err["loc"][0] not in uses}
-    finally:
-        _ENVIRON.reset(token)
-    drop = {ENV_PREFIX + name.upper() for name in unused}
-    return {k: v for k, v in env.items() if k.upper() not in drop}
-
-
 def unknown_variables(env: Mapping[str, str] | None = None) -> list[str]:
     """``SIDECAR_*`` variables that name no setting (a typo such as ``SIDECAR_STOR``); kubelet's
     service links (a Service named ``sidecar``...) are the platform's, not typos."""
@@ -548,18 +531,13 @@ def _unknown_problem(variable: str) -> str:
 
 
 def load(overrides: Mapping[str, object] | None = None, cwd: str | None = None,
-         env: Mapping[str, str] | None = None, uses: Collection[str] | None = None) -> tuple[Settings, list[Root]]:
+         env: Mapping[str, str] | None = None) -> tuple[Settings, list[Root]]:
     """Settings from the environment with ``overrides`` (CLI flags, by setting name; None: not
-    given) on top, fully validated, and the roots they name. ``uses``: the settings the command
-    applies (:func:`command_settings`); a variable of any other setting is accepted and ignored,
-    even when its value would be refused (one environment serves every command of a deployment:
-    a prune job's malformed ``SIDECAR_OLDER_THAN`` must not stop the sidecars).
+    given) on top, fully validated, and the roots they name.
 
     Raises :class:`ConfigError` listing every problem, one line each.
     """
     env = os.environ if env is None else env
-    if uses is not None:
-        env = _without_unused_invalid(env, overrides, uses)
     given = {k: v for k, v in (overrides or {}).items() if v is not None}
     unknown = sorted(set(given) - set(SETTING_NAMES))
     if unknown:

@@ -348,21 +348,3 @@ def test_the_operator_commands_durations_are_settings_with_variables():
     with pytest.raises(ConfigError) as e:
         load({}, env={**env, "SIDECAR_PUSHGATEWAY": "ftp://ops:HUNTER2@gw/"})
     assert "HUNTER2" not in str(e.value.problems)
-
-
-@pytest.mark.parametrize("variable, value", [("SIDECAR_OLDER_THAN", "5"), ("SIDECAR_LIVE_WITHIN", "5"),
-                                             ("SIDECAR_DRAIN_TIMEOUT", "soon")])
-def test_a_malformed_variable_of_a_setting_the_command_does_not_use_is_ignored(tmp_path, variable, value):
-    """One environment serves every command of a deployment (a ConfigMap shared by the sidecars and
-    the prune job): a value only another command would refuse does not stop this one; the command
-    that uses it still refuses it."""
-    from sidecar.config import command_settings
-
-    uses = command_settings()
-    env = {"SIDECAR_STORE": str(tmp_path / "store"), variable: value}
-    user = next(c for c, names in uses.items() if variable.removeprefix("SIDECAR_").lower() in names)
-    other = next(c for c, names in uses.items() if variable.removeprefix("SIDECAR_").lower() not in names)
-    settings, _ = load({}, cwd=str(tmp_path), env=env, uses=uses[other])
-    assert settings.store == str(tmp_path / "store")
-    with pytest.raises(ConfigError, match=variable):
-        load({}, cwd=str(tmp_path), env=env, uses=uses[user])
