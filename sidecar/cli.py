@@ -54,7 +54,8 @@ _EPILOG = {
 }
 _ENV_NOTE = ("Every flag whose help names a SIDECAR_* variable is also that variable (flags win); the others "
              "(--json, --dry-run, --force, --as-of...) are flags only. Variables of settings a command does not use "
-             "are accepted and ignored.")
+             "are accepted and ignored, but checked: one environment serves every command of a deployment, so a "
+             "malformed value is refused by each.")
 
 
 class _Parser(argparse.ArgumentParser):
