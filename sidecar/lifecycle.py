@@ -105,12 +105,12 @@ async def prepare(daemon: Daemon, settings: Settings) -> int | None:
     which includes an unreachable store with ``SIDECAR_RESTORE_OPTIONAL``."""
     from sidecar.fence import IdentityConflict
     from sidecar.health import RestorePhase
-    from sidecar.restorer import RestoreError
+    from sidecar.restorer import ForeignDisk, RestoreError
     from sidecar.store.base import StoreError
 
     try:
         await daemon.prepare()
-    except IdentityConflict as e:
+    except (IdentityConflict, ForeignDisk) as e:
         return fail(f"refusing to start: {e}", EXIT_CONFIG)
     except RestoreError as e:
         return fail(f"restore failed: {e}")
