@@ -186,7 +186,7 @@ def decide_restore(root_name: str, local_has_files: bool, stored: int, mode: str
       empty) is filled from the store. A root that holds files is the truth only when ``held``: it
       is left alone, and ``sync`` then makes the store match it, so pruned checkpoints never come
       back. A root that holds files but not this namespace's record (a fresh compute's image, a
-      volume of another namespace or store, a disk from a release without records) is merged:
+      disk from a release without records; another namespace's is refused before) is merged:
       every stored file is restored (a local file whose bytes differ is replaced), and the local
       files the store lacks stay, to be mirrored.
     * ``older`` (not ``held``: its record is this namespace's, but the store holds a later
