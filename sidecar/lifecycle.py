@@ -343,13 +343,15 @@ async def restore_as_of(settings: Settings, roots: list[Root], store: Store, whe
     from sidecar.paths import IgnoreRules
     from sidecar.pointrestore import AsOfError, rfc3339
     from sidecar.pointrestore import restore_as_of as fill
-    from sidecar.restorer import lineage_of
+    from sidecar.restorer import ForeignDisk, check_foreign, lineage_of
     from sidecar.retry import retry_transient
     from sidecar.store.base import StoreError
 
     ns = settings.namespace
     deadline = time.monotonic() + 10.0
     try:
+        # --force-restore over another namespace's disk would record it as this one's, its files kept
+        await check_foreign(roots, lineage_of(store, ns.path), IgnoreRules(settings.ignore))
         await retry_transient(store.open, "open", deadline)
         # (a prune deleting the namespace is waited for; nothing is written: take=False). Into
         # empty roots (no --force-restore) it only reads: another identity's namespace will do,
@@ -360,7 +362,7 @@ async def restore_as_of(settings: Settings, roots: list[Root], store: Store, whe
         done = await fill(store, roots, when, ago, force=settings.restore == "force",
                           lineage=lineage_of(store, ns.path, taken.generation), ignore=IgnoreRules(settings.ignore),
                           deadline=deadline)
-    except IdentityConflict as e:
+    except (IdentityConflict, ForeignDisk) as e:
         return fail(f"refusing to restore: {e}", EXIT_CONFIG)
     except AsOfError as e:
         return fail(f"restore --as-of failed: {e}")

@@ -364,11 +364,12 @@ def test_a_volume_of_another_session_is_refused_and_neither_namespace_changes(tm
     work.mkdir()
     mirror(work, env1, {"s1-private.json": b"s1's"})
     env2, top2 = seeded(tmp_path, prefix="agent/s2")
-    for command in (["sync"], ["run", "--", "true"], ["sync", "--no-restore"], ["restore"]):
+    for command in (["sync"], ["run", "--", "true"], ["sync", "--no-restore"], ["restore"],
+                    ["restore", "--as-of", "0s", "--force-restore"]):
         r = run_cli(*command, cwd=work, env=env2)
         assert r.returncode == 2, (command, r.stderr)
         [line] = [ln for ln in r.stderr.splitlines() if "error:" in ln]
-        assert "refusing to start" in line and "'agent/s1'" in line and "'agent/s2'" in line, line
+        assert "refusing to" in line and "'agent/s1'" in line and "'agent/s2'" in line, line
         assert f"mv {work / '.checkpoints'} {work / '.checkpoints'}.foreign" in line, line
     assert store_tree(top2) == STORED, "another session's files entered this namespace"
     assert store_tree(tmp_path / "store" / "agent/s1") == {"s1-private.json": b"s1's"}
