@@ -35,11 +35,11 @@ from sidecar.localfs import (
     root_identity,
     scan_root,
 )
-from sidecar.paths import IgnoreRules, Root, is_within
+from sidecar.paths import LINEAGE_FILE, IgnoreRules, Root, is_within
 from sidecar.plan import Protected, RootKeep, RootPresence, plan_reconcile_queue, plan_root_keep, plan_root_presence
 from sidecar.restorefs import lineage_recorded, load_kept, read_lineage, restore_cut_short, save_kept
 from sidecar.restoreplan import holds
-from sidecar.restorer import RestoreResult, lineage_of, record_lineage, restore
+from sidecar.restorer import RestoreResult, check_foreign, lineage_of, record_lineage, restore
 from sidecar.retry import reported_wait, retry_transient
 from sidecar.store.base import Store, StoreError
 
@@ -189,6 +189,8 @@ class Daemon:
     async def _prepare(self) -> RestoreResult:
         deadline = time.monotonic() + STARTUP_RETRY_SECONDS
         ns = self.settings.namespace
+        # another namespace's volume: refused before the store is reached (the disk alone says so)
+        await check_foreign(self.roots, lineage_of(self.store, ns.path), self.ignore)
         await reported_wait(partial(retry_transient, self.store.open, "open", deadline),
                             "the store to answer (and, with a managed identity, a token)", store=self.store.description)
         log.info("store", store=self.store.description, namespace=ns.describe())
@@ -203,6 +205,9 @@ class Daemon:
                                         on_corrupt=self.settings.restore_corrupt, max_file_size=self.settings.max_file_size,
                                         namespace=ns.path, ignore=self.ignore, marker_generation=self.marker_generation)
         self.lineage_due = set(result.unrecorded)
+        # the newest generation stored counts as the marker's: a disk recorded older is not held
+        self.marker_generation = result.generation
+        self.lineage = lineage_of(self.store, ns.path, self.marker_generation)
         self.namespace_empty = not listing.objects and not listing.bundles and not listing.unsafe
         self.stored_max_version = listing.max_version
         if self.namespace_empty and not self.taken.marker and not self.taken.pruned:
@@ -301,7 +306,9 @@ class Daemon:
                 detail=(f"state stored without a session namespace is at {where}, and this compute's namespace "
                         f"{ns.path} is empty. If that state is this session's, restore it once explicitly: "
                         f"SIDECAR_PREFIX='{ns.legacy}' SIDECAR_SESSION_NAMESPACE=off checkpoint-sidecar restore; "
-                        "sync then mirrors it into this namespace (docs/NAMESPACES.md)"))
+                        f"then remove the record naming the old place (rm {' '.join(n + '/' + LINEAGE_FILE for n in found)}: "
+                        "a root another namespace recorded is refused); sync then mirrors it into this namespace "
+                        "(docs/NAMESPACES.md)"))
 
     # -- phase 2: mirror ---------------------------------------------------------------------
     async def serve(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:

@@ -105,12 +105,12 @@ async def prepare(daemon: Daemon, settings: Settings) -> int | None:
     which includes an unreachable store with ``SIDECAR_RESTORE_OPTIONAL``."""
     from sidecar.fence import IdentityConflict
     from sidecar.health import RestorePhase
-    from sidecar.restorer import RestoreError
+    from sidecar.restorer import ForeignDisk, RestoreError
     from sidecar.store.base import StoreError
 
     try:
         await daemon.prepare()
-    except IdentityConflict as e:
+    except (IdentityConflict, ForeignDisk) as e:
         return fail(f"refusing to start: {e}", EXIT_CONFIG)
     except RestoreError as e:
         return fail(f"restore failed: {e}")
@@ -364,13 +364,15 @@ async def restore_as_of(settings: Settings, roots: list[Root], store: Store, whe
     from sidecar.paths import IgnoreRules
     from sidecar.pointrestore import AsOfError, rfc3339
     from sidecar.pointrestore import restore_as_of as fill
-    from sidecar.restorer import lineage_of
+    from sidecar.restorer import ForeignDisk, check_foreign, lineage_of
     from sidecar.retry import retry_transient
     from sidecar.store.base import StoreError
 
     ns = settings.namespace
     deadline = time.monotonic() + 10.0
     try:
+        # --force-restore over another namespace's disk would record it as this one's, its files kept
+        await check_foreign(roots, lineage_of(store, ns.path), IgnoreRules(settings.ignore))
         await retry_transient(store.open, "open", deadline)
         if why := await missing(store):  # "no restore point" would hide a typo in SIDECAR_STORE
             return fail(f"restore --as-of failed: {why}")
@@ -383,7 +385,7 @@ async def restore_as_of(settings: Settings, roots: list[Root], store: Store, whe
         done = await fill(store, roots, when, ago, force=settings.restore == "force",
                           lineage=lineage_of(store, ns.path, taken.generation), ignore=IgnoreRules(settings.ignore),
                           deadline=deadline)
-    except IdentityConflict as e:
+    except (IdentityConflict, ForeignDisk) as e:
         return fail(f"refusing to restore: {e}", EXIT_CONFIG)
     except AsOfError as e:
         return fail(f"restore --as-of failed: {e}")

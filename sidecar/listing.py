@@ -12,6 +12,7 @@ from sidecar.fence import counted_version
 from sidecar.localfs import unmirrorable_reason
 from sidecar.paths import Root, UnsafeKey, split_key
 from sidecar.plan import ShapeConflicts
+from sidecar.points import POINT_DIR
 from sidecar.snapshot import BUNDLE_DIR
 from sidecar.store.base import ObjectInfo, Store
 
@@ -25,6 +26,9 @@ class Listing:
     bundles: set[str] = field(default_factory=set)  # roots with a snapshot bundle in the store
     #: the highest version of any object listed, whatever it is (a fence claim goes above it)
     max_version: int = 0
+    #: the same of the configured roots' files, their bundles and the restore points only (not
+    #: another root's data, nor a nested namespace's): the newest generation of this state stored
+    own_max_version: int = 0
     #: stored, but replaced by a newer object of the other shape (file ``a`` vs ``a/...``): never
     #: restored; with ``shapes`` (the restore's rule) only
     stale: dict[str, ObjectInfo] = field(default_factory=dict)
@@ -34,6 +38,8 @@ class Listing:
         """File one listed object. The name of its root when it is a file of a configured root;
         None for a bundle, another root's data, or a hostile name (set aside in ``unsafe``)."""
         self.max_version = max(self.max_version, counted_version(info.version))
+        if info.key.split("/", 1)[0] in by_name or info.key.startswith((BUNDLE_DIR + "/", POINT_DIR + "/")):
+            self.own_max_version = max(self.own_max_version, counted_version(info.version))
         if info.key.startswith(BUNDLE_DIR + "/"):
             self.bundles.add(info.key[len(BUNDLE_DIR) + 1 :])
             return None

@@ -176,7 +176,7 @@ class RootDecision:
 
 
 def decide_restore(root_name: str, local_has_files: bool, stored: int, mode: str,
-                   cut_short: bool = False, held: bool = False) -> RootDecision:
+                   cut_short: bool = False, held: bool = False, older: bool = False) -> RootDecision:
     """The restore rule. ``mode`` is ``auto``, ``force`` or ``skip``. ``held``: the root carries
     the lineage record of this store and namespace (they filled or mirrored it: the same disk).
 
@@ -186,9 +186,12 @@ def decide_restore(root_name: str, local_has_files: bool, stored: int, mode: str
       empty) is filled from the store. A root that holds files is the truth only when ``held``: it
       is left alone, and ``sync`` then makes the store match it, so pruned checkpoints never come
       back. A root that holds files but not this namespace's record (a fresh compute's image, a
-      volume of another namespace or store, a disk from a release without records) is merged:
+      disk from a release without records; another namespace's is refused before) is merged:
       every stored file is restored (a local file whose bytes differ is replaced), and the local
       files the store lacks stay, to be mirrored.
+    * ``older`` (not ``held``: its record is this namespace's, but the store holds a later
+      generation, so the disk is an older copy): merged like a disk without a record, so that it
+      never rolls the store back.
     * ``cut_short`` (an earlier restore into the root never finished): the files there are a
       fragment of the stored state, not the truth, so ``auto`` restores the root again. (With
       ``skip`` the sync daemon keeps the root's stored files from being deleted instead.)
@@ -210,6 +213,10 @@ def decide_restore(root_name: str, local_has_files: bool, stored: int, mode: str
     if held:
         return RootDecision(root_name, False, "root holds files this namespace mirrored: the disk is the truth",
                             owned=True)
+    if older:
+        return RootDecision(root_name, True, "root holds files of an older generation of this namespace than the "
+                                             "store holds (a copy of its disk taken earlier): merging from the store",
+                            merge=True, owned=True)
     return RootDecision(root_name, True, "root holds files but no record that this namespace filled it: "
                                          "merging from the store", merge=True, owned=True)
 

@@ -8,11 +8,12 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass
 from enum import Enum
-from typing import Iterable, Mapping, Protocol, Sequence, TypeVar
+from typing import Callable, Iterable, Mapping, Protocol, Sequence, TypeVar
 
+from sidecar.paths import LINEAGE_FILE
 from sidecar.plan import RootDecision, decide_restore
 from sidecar.restorefs import Lineage
-from sidecar.store.base import ObjectInfo, ObjectMeta
+from sidecar.store.base import VERSION_COUNTER_BITS, ObjectInfo, ObjectMeta
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,11 @@ class Disk:
     has_files: bool
     cut_short: bool
     held: bool
+    #: the generation the held root's record carries (None: not held)
+    generation: int | None = None
+    #: held by its record, but the store holds a later generation of the namespace (a copy of the
+    #: disk taken earlier): merged (:func:`older_copies`)
+    older: bool = False
 
 
 @dataclass(frozen=True)
@@ -45,6 +51,46 @@ def holds(record: Lineage | None, lineage: Lineage, marker_generation: int) -> b
     one whose record carries no generation."""
     return (record is not None and record.store == lineage.store and record.namespace == lineage.namespace
             and record.generation is not None and record.generation >= marker_generation)
+
+
+def stored_generation(max_version: int) -> int:
+    """The generation of the namespace a stored version was written in (``fence.next_version``:
+    the writer's generation above its write counter)."""
+    return max_version >> VERSION_COUNTER_BITS
+
+
+def pending_held(disk: Mapping[str, Disk], mode: str) -> frozenset[str]:
+    """The roots the disk alone says are held (the truth, nothing downloaded): their decision waits
+    for the listing's end, which may show a later generation stored (:func:`older_copies`)."""
+    return frozenset() if mode == "force" else frozenset(
+        name for name, d in disk.items() if d.held and d.has_files and not d.cut_short)
+
+
+def older_copies(disk: Mapping[str, Disk], pending: Iterable[str], own_max_version: int) -> list[str]:
+    """Of the ``pending`` roots, those whose record is of an older generation than the newest the
+    store holds of this namespace's roots (``own_max_version``: their files, bundles and points):
+    a copy of the disk taken before a later compute of the namespace wrote. Not the truth: merged,
+    so that it never rolls the store back."""
+    newest = stored_generation(own_max_version)
+    return [name for name in pending if (disk[name].generation or 0) < newest]
+
+
+def foreign(record: Lineage | None, lineage: Lineage) -> bool:
+    """Whether a root's ``record`` names another store or namespace than ``lineage``'s."""
+    return record is not None and (record.store, record.namespace) != (lineage.store, lineage.namespace)
+
+
+def foreign_refusal(path: str, record: Lineage, lineage: Lineage, printable: Callable[[str], str]) -> str:
+    """Why a sidecar of ``lineage`` refuses a root at ``path`` holding files that ``record``'s
+    store and namespace put there (another session's volume): one line naming both and what to do.
+    ``printable`` escapes what the record says (read from a disk: untrusted)."""
+    theirs = f"'{printable(record.namespace) or '(top of the store)'}' of {printable(record.store)}"
+    ours = f"'{lineage.namespace or '(top of the store)'}' of {lineage.store}"
+    return (f"the root {printable(path)} holds files of the store namespace {theirs}, and this sidecar mirrors "
+            f"{ours}: another namespace's files never enter this one, so nothing was restored, uploaded or "
+            f"deleted. Attach this namespace's own volume, or move the root aside (mv {printable(path)} "
+            f"{printable(path)}.foreign) and start again to restore this namespace's state; to take these files "
+            f"into this namespace on purpose, remove {printable(path)}/{LINEAGE_FILE} first")
 
 
 def plan_candidates(disk: Mapping[str, Disk], mode: str) -> Candidates:
@@ -77,7 +123,8 @@ def stored_counts(names: Iterable[str], listed: Iterable[str], bundled: Mapping[
 
 def decide_roots(disk: Mapping[str, Disk], stored: Mapping[str, int], mode: str) -> list[RootDecision]:
     """The decision for every root (in ``disk``'s order), once what is stored is known."""
-    return [decide_restore(name, d.has_files, stored[name], mode, d.cut_short, d.held) for name, d in disk.items()]
+    return [decide_restore(name, d.has_files, stored[name], mode, d.cut_short, d.held, d.older)
+            for name, d in disk.items()]
 
 
 def commits_begun_meanwhile(candidates: Iterable[str], listed_bundles: set[str], read_bundles: set[str]) -> list[str]:

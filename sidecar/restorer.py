@@ -22,10 +22,11 @@ import errno
 import math
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import AsyncIterator, Iterable, Sequence
 
 import anyio
+import anyio.abc
 import anyio.to_thread
 from anyio.streams.memory import MemoryObjectReceiveStream
 
@@ -56,11 +57,16 @@ from sidecar.restoreplan import (
     commits_begun_meanwhile,
     decide_roots,
     file_action,
+    foreign,
+    foreign_refusal,
     holds,
     names_generated,
+    older_copies,
+    pending_held,
     plan_candidates,
     plan_finish,
     stored_counts,
+    stored_generation,
 )
 from sidecar.restoreprogress import Progress, flush_as_it_fills
 from sidecar.retry import retry_transient
@@ -111,6 +117,9 @@ class RestoreResult:
     from_points: int = 0
     #: roots that are this namespace's but do not exist yet: recorded before their first upload
     unrecorded: set[str] = field(default_factory=set)
+    #: the generation of the namespace's state: the marker's, or the newest stored if later; a
+    #: root's record must be no older for its disk to be held, and the roots recorded carry it
+    generation: int = 0
 
     def restored_roots(self) -> set[str]:
         return {d.name for d in self.decisions if d.restore}
@@ -128,9 +137,19 @@ class _Restore:
     the listing is still being fetched and parsed."""
 
     def __init__(self, store: Store, roots: list[Root], candidates: dict[str, Root], result: RestoreResult,
-                 on_corrupt: str = "fail", max_file_size: int = 2**63, merging: frozenset[str] = frozenset()) -> None:
+                 on_corrupt: str = "fail", max_file_size: int = 2**63, merging: frozenset[str] = frozenset(),
+                 disk: dict[str, Disk] | None = None, mode: str = "auto") -> None:
         self.store = store
-        self.merging = merging  # candidates merged: a local file with the stored bytes is left in place
+        self.disk, self.mode = disk or {}, mode
+        #: roots the disk says are held: decided once the listing has ended (an older copy is merged)
+        self.pending = pending_held(self.disk, mode)
+        self.deferred: dict[str, dict[str, ObjectInfo]] = {}  # their listed files meanwhile
+        self.older: list[str] = []  # those found older than the store: merged
+        self.feeders: anyio.abc.TaskGroup | None = None  # for the bundles of those merged
+        # candidates merged (a local file with the stored bytes is left in place), and the pending
+        # roots, merged if older
+        merging = merging | self.pending
+        self.merging = merging
         self.max_file_size = max_file_size  # larger objects are refused (kept in the store)
         self.on_corrupt = on_corrupt  # "fail": a corrupt object fails the restore; "skip": quarantined
         self.by_name = {r.name: r for r in roots}
@@ -141,7 +160,7 @@ class _Restore:
         self.queued: set[str] = set()  # keys handed to the workers (a retried listing skips them)
         #: each candidate's bundle by key, once fetched: what a cut-short snapshot commit left
         self.overlays: dict[str, dict[str, Change]] = {}
-        self.overlay_known = {name: anyio.Event() for name in candidates}
+        self.overlay_known = {name: anyio.Event() for name in {*candidates, *self.pending}}
         self.bundles_read: set[str] = set()  # candidates whose bundle was there when read
         self.bundle_changes: dict[str, list[Change]] = {}  # their headers, as first read
         self.bundle_versions: dict[str, int] = {}  # and the bundle objects' versions
@@ -172,6 +191,7 @@ class _Restore:
         """Feed every stored file of a candidate root to the workers as its listing page arrives."""
         async def once() -> None:
             self.listing = self._new_listing()  # a retried listing starts over; queued keys are not queued twice
+            self.deferred = {}
             async for info in self.store.list():
                 self.listing.add(info, self.by_name)
                 if not self.points.known.is_set():  # which files the restore points give
@@ -180,10 +200,32 @@ class _Restore:
             self._offer(self.listing.settled(end=True))
 
         await retry_transient(once, "list", deadline)
+        await self._decide_pending(deadline)
         self.listed.set()
         for key, why in self.listing.unsafe:
             log.error("restore_refused_name", path=key, reason=why)
             self.result.refused.append(key)
+
+    async def _decide_pending(self, deadline: float) -> None:
+        """The listing has ended: a pending root older than what is stored (:func:`older_copies`)
+        is merged, its files (deferred until now) queued and its bundle read, as a candidate's."""
+        self.older = older_copies(self.disk, self.pending, self.listing.own_max_version)
+        for name in self.older:
+            log.warning("lineage_older", root=self.by_name[name].path, generation=self.disk[name].generation,
+                        stored_generation=stored_generation(self.listing.own_max_version),
+                        detail="this disk's record is of an older generation than the store holds (a copy taken "
+                               "before a later compute wrote): not the truth; merged, nothing stored is deleted")
+        if self.mode != "auto":
+            return
+        for name in self.older:
+            root = self.by_name[name]
+            await anyio.to_thread.run_sync(remove_stale_restore_temps, root)
+            self.candidates[name] = root
+            assert self.feeders is not None
+            self.feeders.start_soon(self.overlay, root, deadline)
+            for info in self.deferred.get(name, {}).values():
+                if info.key not in self.queued:
+                    self._queue(root, info)
 
     def _new_listing(self) -> Listing:
         """A store whose names are not paths can hold a file and a directory of one name at once:
@@ -198,6 +240,8 @@ class _Restore:
                     self.queued.add(info.key)  # placed from its restore point once the listing has ended
                 else:
                     self._queue(self.candidates[name], info)
+            elif name in self.pending:
+                self.deferred.setdefault(name, {})[info.key] = info
 
     async def from_points(self, deadline: float) -> None:
         """Open the restore points while the store is listed, then place the files taken from them
@@ -494,7 +538,7 @@ async def restore(
     for root in candidates.values():
         await anyio.to_thread.run_sync(remove_stale_restore_temps, root)
 
-    run = _Restore(store, roots, candidates, result, on_corrupt, max_file_size, plan.merging)
+    run = _Restore(store, roots, candidates, result, on_corrupt, max_file_size, plan.merging, disk, mode)
     try:
         async with anyio.create_task_group() as flushing:
             flushing.start_soon(flush_as_it_fills, run.progress, run.started)
@@ -504,6 +548,7 @@ async def restore(
                 run.receive.close()
                 async with run.send:  # closed once every file is queued: the workers then drain and end
                     async with anyio.create_task_group() as feeders:
+                        run.feeders = feeders
                         for root in candidates.values():  # first: their requests go out before the listing's next page
                             feeders.start_soon(run.overlay, root, deadline)
                         feeders.start_soon(run.list, deadline)
@@ -513,6 +558,8 @@ async def restore(
                             f"a snapshot commit of {candidates[name].path} began in {store.description} while "
                             "it was being restored (an older sidecar is still writing); restore again")
                     stored = run.stored()
+                    for name in run.older:  # held by its record, older than the store: merged
+                        disk[name] = replace(disk[name], held=False, older=True)
                     result.decisions = decide_roots(disk, stored, mode)
                     for root, d in zip(roots, result.decisions, strict=True):
                         log.info("restore_decision", root=root.path, restore=d.restore, reason=d.reason,
@@ -531,12 +578,31 @@ async def restore(
     finally:
         run.dirs.close()
     run.progress.finish()
+    # the roots recorded now hold the namespace's state as stored: of its newest generation
+    result.generation = max(marker_generation, stored_generation(run.listing.own_max_version))
+    lineage = replace(lineage, generation=result.generation)
     await _finish(plan_finish(result.decisions, disk, candidates, set(run.started)),
                   {r.name: r for r in roots}, lineage, result)
     result.files, result.bytes = run.progress.files, run.progress.bytes
     result.seconds = time.monotonic() - t0
-    _report(result, merged=bool(plan.merging))
+    _report(result, merged=bool(plan.merging) or bool(run.older and mode == "auto"))
     return run.listing, result
+
+
+class ForeignDisk(Exception):
+    """A root holds files another store or namespace put there (its lineage record names them):
+    never restored into, never mirrored into this namespace (one line: both namespaces, the fix)."""
+
+
+async def check_foreign(roots: list[Root], lineage: Lineage, ignore: IgnoreRules | None) -> None:
+    """Raise :class:`ForeignDisk` for the first root that holds files and a record naming another
+    store or namespace than ``lineage``'s (:func:`~sidecar.restoreplan.foreign`). Reads the disk only:
+    before the store is reached, so an unreachable store (``SIDECAR_RESTORE_OPTIONAL``) lets none by."""
+    for root in roots:
+        record = await anyio.to_thread.run_sync(read_lineage, root)
+        if record is not None and foreign(record, lineage) \
+                and await anyio.to_thread.run_sync(has_regular_files, root.path, ignore):
+            raise ForeignDisk(foreign_refusal(root.path, record, lineage, log.printable))
 
 
 async def _read_disk(root: Root, lineage: Lineage, ignore: IgnoreRules | None) -> Disk:
@@ -544,19 +610,21 @@ async def _read_disk(root: Root, lineage: Lineage, ignore: IgnoreRules | None) -
     ``lineage`` carries the marker's generation."""
     record = await anyio.to_thread.run_sync(read_lineage, root)
     _warn_other_lineage(root, lineage, record)
+    held = holds(record, lineage, lineage.generation or 0)
     return Disk(has_files=await anyio.to_thread.run_sync(has_regular_files, root.path, ignore),
-                cut_short=restore_cut_short(root),
-                held=holds(record, lineage, lineage.generation or 0))
+                cut_short=restore_cut_short(root), held=held,
+                generation=record.generation if held and record is not None else None)
 
 
 def _warn_other_lineage(root: Root, lineage: Lineage, recorded: Lineage | None) -> None:
-    """Say so when ``root`` records another store or namespace: it is merged, never silently."""
-    if recorded is not None and (recorded.store, recorded.namespace) != (lineage.store, lineage.namespace):
+    """Say so when ``root`` records another store or namespace (and holds no files:
+    :func:`check_foreign` refused those): it is filled from the store, never silently."""
+    if recorded is not None and foreign(recorded, lineage):
         log.warning("lineage_other", root=root.path, recorded_store=recorded.store,
                     recorded_namespace=recorded.namespace or "-", store=lineage.store,
                     namespace=lineage.namespace or "-",
                     detail="this disk was filled or mirrored by another store or namespace: it is not the truth "
-                           "here, and the stored files are merged into it")
+                           "here; it holds no files, and is filled from the store")
 
 
 async def _finish(finish: Finish, by_name: dict[str, Root], lineage: Lineage, result: RestoreResult) -> None:

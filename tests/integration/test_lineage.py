@@ -307,28 +307,94 @@ def test_an_older_copy_of_this_namespace_disk_is_merged_and_never_rolls_the_stor
     assert store_tree(tmp_path / "store" / "ns1") == {"c1/one.json": b"v2"}
 
 
-# -- another namespace's or store's disk: merged ----------------------------------------------
+@pytest.mark.parametrize("marker", ["deleted", "rolled back"])
+def test_an_older_copy_is_merged_when_the_owner_marker_is_deleted_or_rolled_back(tmp_path, marker):
+    """Issue #33, item 2: A writes a1, b1 (generation 1) and stops, its volume is copied; B writes a2
+    and c.json (generation 2); the owner marker is then deleted (an operator "clearing a lock") or put
+    back from a backup taken after A. The copy's record is no older than the marker, but the store
+    holds a later generation: merged, the store keeps a2 and c.json."""
+    import anyio
+
+    from sidecar.fence import OWNER_KEY
+    from sidecar.store.base import ObjectMeta
+    from sidecar.store.directory import DirectoryStore
+
+    async def on_marker(op):
+        store = DirectoryStore(str(tmp_path / "store" / "ns1"))
+        await store.open()
+        try:
+            return await op(store)
+        finally:
+            await store.aclose()
+
+    env = sidecar_env(SIDECAR_STORE=str(tmp_path / "store"), SIDECAR_PREFIX="ns1")
+    a, b, copy = tmp_path / "a", tmp_path / "b", tmp_path / "copy"
+    a.mkdir()
+    b.mkdir()
+    mirror(a, env, {"a.json": b"a1", "b.json": b"b1"})
+    shutil.copytree(a, copy, symlinks=True)
+    backup, info = anyio.run(on_marker, lambda store: store.get(OWNER_KEY))
+    assert run_cli("restore", cwd=b, env=env).returncode == 0  # B: a later compute, restored, writes
+    mirror(b, env, {"a.json": b"a2", "c.json": b"c"})
+    newer = {"a.json": b"a2", "b.json": b"b1", "c.json": b"c"}
+    assert store_tree(tmp_path / "store" / "ns1") == newer
+
+    async def reset(store):
+        await store.delete(OWNER_KEY)
+        if marker == "rolled back":
+            await store.put(OWNER_KEY, backup, ObjectMeta.of(backup, info.mtime_ns, 0o600, version=info.version))
+
+    anyio.run(on_marker, reset)
+    sc = sync_once(copy, env)
+    assert "older generation" in decision(sc)["reason"], decision(sc)
+    assert any(e.get("event") == "lineage_older" for e in sc.events())
+    assert store_tree(tmp_path / "store" / "ns1") == newer, "the older copy rolled the store back"
+    assert disk_tree(copy / ".checkpoints") == newer
 
 
-def test_a_volume_of_another_namespace_is_merged_and_that_namespace_loses_nothing(tmp_path):
-    env1 = sidecar_env(SIDECAR_STORE=str(tmp_path / "store"), SIDECAR_PREFIX="ns1")
+# -- another namespace's or store's disk: refused ---------------------------------------------
+
+
+def test_a_volume_of_another_session_is_refused_and_neither_namespace_changes(tmp_path):
+    """Issue #33, item 3: session s1's volume attached to s2's compute. The start is refused, exit 2,
+    one line naming both namespaces; nothing of s1 enters s2, nothing of either is deleted; moved
+    aside as the line says, s2's own state is restored."""
+    env1 = sidecar_env(SIDECAR_STORE=str(tmp_path / "store"), SIDECAR_PREFIX="agent/s1")
     work = tmp_path / "work"
     work.mkdir()
-    mirror(work, env1, {"mine.json": b"ns1's"})
-    env2, top2 = seeded(tmp_path, prefix="ns2")
-    sc = sync_once(work, env2)
-    assert "merging" in decision(sc)["reason"]
-    assert store_tree(top2) == {**STORED, "mine.json": b"ns1's"}
-    assert store_tree(tmp_path / "store" / "ns1") == {"mine.json": b"ns1's"}
-    assert record(work) == {"store": f"file://{top2}", "namespace": "ns2", "generation": 2}
+    mirror(work, env1, {"s1-private.json": b"s1's"})
+    env2, top2 = seeded(tmp_path, prefix="agent/s2")
+    for command in (["sync"], ["run", "--", "true"], ["sync", "--no-restore"], ["restore"],
+                    ["restore", "--as-of", "0s", "--force-restore"]):
+        r = run_cli(*command, cwd=work, env=env2)
+        assert r.returncode == 2, (command, r.stderr)
+        [line] = [ln for ln in r.stderr.splitlines() if "error:" in ln]
+        assert "refusing to" in line and "'agent/s1'" in line and "'agent/s2'" in line, line
+        assert f"mv {work / '.checkpoints'} {work / '.checkpoints'}.foreign" in line, line
+    assert store_tree(top2) == STORED, "another session's files entered this namespace"
+    assert store_tree(tmp_path / "store" / "agent/s1") == {"s1-private.json": b"s1's"}
+    assert disk_tree(work / ".checkpoints") == {"s1-private.json": b"s1's"}
+    assert record(work)["namespace"] == "agent/s1"
+
+    (work / ".checkpoints").rename(work / ".checkpoints.foreign")
+    sync_once(work, env2)
+    assert disk_tree(work / ".checkpoints") == STORED
+    assert store_tree(top2) == STORED
+    assert disk_tree(work / ".checkpoints.foreign") == {"s1-private.json": b"s1's"}
 
 
-def test_a_volume_of_another_store_is_merged_and_that_store_loses_nothing(tmp_path):
+def test_a_volume_of_another_store_is_refused_and_that_store_loses_nothing(tmp_path):
     env_a = sidecar_env(SIDECAR_STORE=str(tmp_path / "a"))
     work = tmp_path / "work"
     work.mkdir()
     mirror(work, env_a, {"mine.json": b"from store a"})
     env_b, top_b = seeded(tmp_path, name="b")
+    r = run_cli("sync", cwd=work, env=env_b)
+    assert r.returncode == 2 and f"of file://{tmp_path / 'a'}" in r.stderr, r.stderr
+    assert store_tree(top_b) == STORED
+    assert store_tree(tmp_path / "a") == {"mine.json": b"from store a"}
+    # taken in on purpose, as the line says: without the record it is merged like a new disk
+    (work / ".checkpoints" / LINEAGE_FILE).unlink()
     sc = sync_once(work, env_b)
     assert "merging" in decision(sc)["reason"]
     assert store_tree(top_b) == {**STORED, "mine.json": b"from store a"}

@@ -7,7 +7,7 @@ Real ``run`` / ``sync`` processes against real files and the directory store:
   file is it mirrored;
 * a root named like a session namespace nested in this one never reads, writes or deletes that
   namespace's own records (``.sidecar/``, ``.sidecar-meta/``);
-* a disk recorded by another namespace is merged with a warning naming both.
+* a disk recorded by another namespace is refused (exit 2), one line naming both.
 """
 
 from __future__ import annotations
@@ -104,20 +104,21 @@ def test_a_root_named_like_a_nested_namespace_leaves_its_records_alone(tmp_path)
     assert len(warned) == 1 and warned[0]["level"] == "warning", warned
 
 
-def test_a_disk_recorded_by_another_namespace_is_merged_with_a_warning(tmp_path):
+def test_a_disk_recorded_by_another_namespace_is_refused_in_one_line(tmp_path):
     work = tmp_path / "work"
     write_atomic(work / ".checkpoints" / "mine.json", b"ns1's")
     env1 = sidecar_env(SIDECAR_STORE=str(tmp_path / "store"), SIDECAR_PREFIX="ns1")
     assert run_cli("run", "--", "true", cwd=work, env=env1).returncode == 0
     env2 = sidecar_env(SIDECAR_STORE=str(tmp_path / "store"), SIDECAR_PREFIX="ns2")
     r = run_cli("run", "--", "true", cwd=work, env=env2)
-    assert r.returncode == 0, r.stderr
-    [line] = [ln for ln in r.stderr.splitlines() if '"lineage_other"' in ln]
-    assert '"recorded_namespace": "ns1"' in line and '"namespace": "ns2"' in line, line
-    assert f'"recorded_store": "file://{tmp_path / "store" / "ns1"}"' in line, line
-    # text logs escape what the record names (it is read from a disk, untrusted)
+    assert r.returncode == 2, r.stderr
+    [line] = [ln for ln in r.stderr.splitlines() if "refusing to start" in ln]
+    assert f"namespace 'ns1' of file://{tmp_path / 'store' / 'ns1'}" in line, line
+    assert f"this sidecar mirrors 'ns2' of file://{tmp_path / 'store' / 'ns2'}" in line, line
+    assert not (tmp_path / "store" / "ns2" / ".checkpoints").exists(), "ns1's file entered ns2"
+    # the line escapes what the record names (it is read from a disk, untrusted)
     (work / ".checkpoints" / ".sidecar-lineage").write_text('{"store": "evil\\nforged", "namespace": "x\\u001b[2J"}')
     r = run_cli("restore", cwd=work, env={**env2, "SIDECAR_LOG_FORMAT": "text"})
-    assert r.returncode == 0, r.stderr
-    [line] = [ln for ln in r.stderr.splitlines() if "lineage_other" in ln]
+    assert r.returncode == 2, r.stderr
+    [line] = [ln for ln in r.stderr.splitlines() if "refusing to start" in ln]
     assert "evil\\nforged" in line and "x\\x1b[2J" in line and "\x1b" not in line, line

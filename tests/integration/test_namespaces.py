@@ -197,6 +197,11 @@ def test_a_store_written_before_namespaces_is_found_and_adopted(target, tmp_path
     r = run_cli("restore", cwd=new, env=target.env(**session("s1", SIDECAR_PREFIX="", SIDECAR_SESSION_NAMESPACE="off")))
     assert r.returncode == 0, r.stderr
     assert disk_tree(new / ".checkpoints") == {"r/x.json": b"before the upgrade"}
+    assert "rm .checkpoints/.sidecar-lineage" in found["detail"]
+    # the record names the old place: a root another namespace recorded is refused (exit 2) until it goes
+    r = run_cli("restore", cwd=new, env=target.env(**session("s1")))
+    assert r.returncode == 2 and "refusing to start" in r.stderr, r.stderr
+    (new / ".checkpoints" / ".sidecar-lineage").unlink()
     sc = Sidecar(new, "sync", env=target.env(**session("s1")))
     wait_for(lambda: "approvals/s1/.checkpoints/r/x.json" in target.names(), 20, "adopted into the namespace")
     assert sc.stop() == 0

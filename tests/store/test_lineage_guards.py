@@ -1,0 +1,127 @@
+"""The lineage record's guards (issue #33, items 2 and 3), in process, on every store.
+
+* **An older copy of the disk never rolls the store back.** A compute writes ``a1``, ``b1``
+  (generation 1) and stops; its disk is copied. A later compute writes ``a2`` and ``c.json``
+  (generation 2). Then the owner marker is deleted (an operator "clearing a lock") or put back
+  from a backup taken after the first compute. The copy carries this namespace's record and a
+  generation no older than the marker's, but the store holds a later generation: it is merged
+  (the stored newer files win, nothing stored is deleted), never taken for the truth.
+* **Another session's volume never crosses into this one.** A disk whose record names another
+  namespace refuses the start (exit 2), nothing of either namespace changed; once the root is
+  moved aside, this namespace's own state is restored.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import anyio
+import pytest
+
+from sidecar.errors import EXIT_CONFIG
+from sidecar.fence import OWNER_KEY
+from sidecar.store.base import ObjectMeta
+from support import disk_tree, write_atomic
+from tests.inprocess import InProcess, run_sync, settings_for
+
+pytestmark = pytest.mark.anyio
+
+ROOT = ".checkpoints"
+
+
+async def stored(store) -> dict[str, bytes]:
+    """The root's files as stored (key below the root -> bytes)."""
+    out = {}
+    async for info in store.list(ROOT + "/"):
+        out[info.key[len(ROOT) + 1:]] = (await store.get(info.key))[0]
+    return out
+
+
+async def mirror(make_store, work: Path, writes: dict[str, bytes] | None = None, prefix: str = "") -> InProcess:
+    """One compute: restore, write ``writes`` (paths below the root) once mirroring, drain, exit 0.
+    Its own store (the lifecycle closes it)."""
+    s, roots = settings_for(work, "unused", restore_point_interval=0, reconcile_interval=0, prefix=prefix)
+    store = await make_store(prefix)
+    life = InProcess(s, roots, store)
+
+    async def host(_: InProcess) -> None:
+        for rel, data in (writes or {}).items():
+            write_atomic(work / ROOT / rel, data)
+        with anyio.fail_after(30):  # every write stored (the drain would send them anyway)
+            while {k: v for k, v in (await stored(store)).items() if k in (writes or {})} != (writes or {}):
+                await anyio.sleep(0.01)  # a poll's pace
+
+    assert await run_sync(life, host) == 0
+    return life
+
+
+@pytest.mark.parametrize("marker", ["deleted", "rolled back"])
+async def test_an_older_copy_of_the_disk_is_merged_never_the_truth(make_store, tmp_path, marker):
+    store = await make_store("")
+    a, b, copy = tmp_path / "a", tmp_path / "b", tmp_path / "copy"
+    a.mkdir()
+    b.mkdir()
+    await mirror(make_store, a, {"ctx/a.json": b"a1", "ctx/b.json": b"b1"})  # generation 1
+    shutil.copytree(a, copy)  # its volume is copied (the record with it)
+    backup, backup_info = await store.get(OWNER_KEY)  # a backup of the marker taken after A
+    await mirror(make_store, b, {"ctx/a.json": b"a2", "ctx/c.json": b"c"})  # generation 2
+    newer = {"ctx/a.json": b"a2", "ctx/b.json": b"b1", "ctx/c.json": b"c"}
+    assert await stored(store) == newer
+
+    await store.delete(OWNER_KEY)  # an operator "clearing a lock"
+    if marker == "rolled back":  # put back from the backup
+        await store.put(OWNER_KEY, backup, ObjectMeta.of(backup, backup_info.mtime_ns, 0o600, version=backup_info.version))
+
+    life = await mirror(make_store, copy)
+    assert await stored(store) == newer, "the older copy rolled the store back"
+    assert disk_tree(copy / ROOT) == newer  # the stored newer files won
+    [d] = [d for d in life.daemon.restored.decisions if d.name == ROOT]
+    assert d.merge and "older generation" in d.reason, d
+    assert life.daemon.restored.replaced == [f"{ROOT}/ctx/a.json"]
+
+    # merged once: the disk is this namespace's now, so a host's delete is mirrored again
+    (copy / ROOT / "ctx" / "c.json").unlink()
+    life = await mirror(make_store, copy)
+    [d] = [d for d in life.daemon.restored.decisions if d.name == ROOT]
+    assert not d.restore and "the disk is the truth" in d.reason, d
+    assert await stored(store) == {"ctx/a.json": b"a2", "ctx/b.json": b"b1"}
+
+
+async def test_the_newest_disk_stays_the_truth_when_the_marker_is_deleted(make_store, tmp_path):
+    """The guard's other side: the disk of the last compute, its marker deleted, is still held."""
+    store = await make_store("")
+    work = tmp_path / "work"
+    work.mkdir()
+    await mirror(make_store, work, {"ctx/a.json": b"a1", "ctx/b.json": b"b1"})
+    await mirror(make_store, work, {"ctx/a.json": b"a2"})
+    await store.delete(OWNER_KEY)
+    (work / ROOT / "ctx" / "b.json").unlink()  # pruned by the host while the sidecar was down
+    life = await mirror(make_store, work)
+    [d] = [d for d in life.daemon.restored.decisions if d.name == ROOT]
+    assert not d.restore and "the disk is the truth" in d.reason, d
+    assert await stored(store) == {"ctx/a.json": b"a2"}
+
+
+async def test_another_sessions_volume_is_refused_and_neither_namespace_changes(make_store, tmp_path):
+    s1, s2 = await make_store("agent/s1"), await make_store("agent/s2")
+    vol, other = tmp_path / "s1-volume", tmp_path / "s2-other"
+    vol.mkdir()
+    other.mkdir()
+    await mirror(make_store, vol, {"s1-private.json": b"s1's"}, prefix="agent/s1")
+    await mirror(make_store, other, {"s2.json": b"s2's"}, prefix="agent/s2")
+    before = disk_tree(vol)
+
+    settings, roots = settings_for(vol, "unused", prefix="agent/s2", reconcile_interval=0)
+    with anyio.fail_after(60):  # (the old rule started mirroring: no exit)
+        assert await InProcess(settings, roots, await make_store("agent/s2")).main() == EXIT_CONFIG  # s1's volume on s2's compute
+    assert await stored(s2) == {"s2.json": b"s2's"}, "another session's files entered this namespace"
+    assert await stored(s1) == {"s1-private.json": b"s1's"}
+    assert disk_tree(vol) == before  # nothing moved, nothing deleted
+
+    # what the refusal says to do: move the root aside; this namespace's own state comes back
+    (vol / ROOT).rename(vol / f"{ROOT}.agent-s1")
+    await mirror(make_store, vol, prefix="agent/s2")
+    assert disk_tree(vol / ROOT) == {"s2.json": b"s2's"}
+    assert await stored(s2) == {"s2.json": b"s2's"}
+    assert await stored(s1) == {"s1-private.json": b"s1's"}
