@@ -9,6 +9,7 @@ import bisect
 from dataclasses import dataclass
 from enum import Enum
 from typing import Callable, Iterable, Mapping, Protocol, Sequence, TypeVar
+from urllib.parse import urlsplit
 
 from sidecar.paths import LINEAGE_FILE
 from sidecar.plan import RootDecision, decide_restore
@@ -49,7 +50,7 @@ def holds(record: Lineage | None, lineage: Lineage, marker_generation: int) -> b
     generation no older than the marker's. A disk that holds an older state of this namespace (a
     copy taken earlier, a node's disk another compute of the session moved on from) is not, nor is
     one whose record carries no generation."""
-    return (record is not None and record.store == lineage.store and record.namespace == lineage.namespace
+    return (record is not None and same_namespace(record, lineage)
             and record.generation is not None and record.generation >= marker_generation)
 
 
@@ -75,9 +76,30 @@ def older_copies(disk: Mapping[str, Disk], pending: Iterable[str], own_max_versi
     return [name for name in pending if (disk[name].generation or 0) < newest]
 
 
+def store_identity(description: str) -> str:
+    """The store a description names, apart from the way it is reached: an Azure container (and
+    prefix) by its account and path, whatever the endpoint in front of it (a proxy, a private
+    endpoint, an emulator's port); any other store as written. A lineage record names the store
+    by its description, and the same store reached another way is the same store."""
+    parts = urlsplit(description)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return description
+    host, path = parts.hostname, parts.path.strip("/")
+    if host == "localhost" or "." not in host or host.replace(".", "").isdigit() or ":" in host:
+        account, _, rest = path.partition("/")  # path-style (an emulator, an IP): the account leads the path
+    else:
+        account, rest = host.split(".", 1)[0], path  # <account>.blob.<suffix>/<container>...
+    return f"azure://{account}/{rest}"
+
+
+def same_namespace(record: Lineage, lineage: Lineage) -> bool:
+    """Whether ``record`` names ``lineage``'s store (:func:`store_identity`) and namespace."""
+    return record.namespace == lineage.namespace and store_identity(record.store) == store_identity(lineage.store)
+
+
 def foreign(record: Lineage | None, lineage: Lineage) -> bool:
     """Whether a root's ``record`` names another store or namespace than ``lineage``'s."""
-    return record is not None and (record.store, record.namespace) != (lineage.store, lineage.namespace)
+    return record is not None and not same_namespace(record, lineage)
 
 
 def foreign_refusal(path: str, record: Lineage, lineage: Lineage, printable: Callable[[str], str]) -> str:

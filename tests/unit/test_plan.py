@@ -1,3 +1,5 @@
+import pytest
+
 from sidecar.localfs import LocalStat
 from sidecar.plan import Protected, decide_restore, plan_reconcile, plan_status
 from sidecar.store.base import ObjectInfo
@@ -315,3 +317,23 @@ def test_a_root_gone_as_a_whole_is_unreadable_not_deleted():
     assert presence(was_gone=True, has_files=False) == RootPresence(intact=False, gone=GONE_EMPTY)
     assert presence(replaced=True, has_files=False) == RootPresence(intact=False, gone=GONE_EMPTY)
     assert presence(replaced=True, has_files=False, stored=False) == RootPresence(returned=True)
+
+
+@pytest.mark.parametrize("recorded, ours, same", [
+    ("http://127.0.0.1:40067/devstoreaccount1/c/p", "http://127.0.0.1:33715/devstoreaccount1/c/p", True),  # a proxy
+    ("https://acct.blob.core.windows.net/c", "https://acct.privatelink.blob.core.windows.net/c", True),
+    ("https://acct.blob.core.windows.net/c", "https://other.blob.core.windows.net/c", False),
+    ("https://acct.blob.core.windows.net/c", "https://acct.blob.core.windows.net/d", False),
+    ("http://127.0.0.1:1/devstoreaccount1/c", "http://127.0.0.1:1/otheraccount/c", False),
+    ("file:///mnt/a/state", "file:///mnt/b/state", False),
+])
+def test_a_store_reached_another_way_is_the_same_store(recorded, ours, same):
+    """A lineage record names its store by description; the same Azure container through a proxy,
+    a private endpoint or another emulator port is the same store (found when a sidecar restarted
+    straight to Azurite, after one that went through a proxy, refused its own disk)."""
+    from sidecar.restorefs import Lineage
+    from sidecar.restoreplan import foreign, holds
+
+    record, lineage = Lineage(recorded, "ns", 5), Lineage(ours, "ns", 5)
+    assert foreign(record, lineage) is not same
+    assert holds(record, lineage, 5) is same
