@@ -11,7 +11,6 @@ tests/integration/test_crash_enumeration.py; this test keeps the real SIGKILL.
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import sys
@@ -19,6 +18,7 @@ import sys
 import pytest
 
 from support import Sidecar, run_cli, wait_for
+from tests.integration.test_crash_enumeration import consistent
 
 pytestmark = pytest.mark.faults
 
@@ -44,20 +44,6 @@ while True:
     n += 1
     time.sleep(random.uniform(0, 0.004))
 """
-
-
-def consistent(state_dir) -> tuple[bool, str]:
-    cp_path = state_dir / "state_stores" / "checkpoints.json"
-    b_path = state_dir / "state_stores" / "bindings.json"
-    if not cp_path.exists():
-        return not b_path.exists(), "bindings without checkpoints"
-    ids = [i["id"] for i in json.loads(cp_path.read_text())["items"]]
-    if ids != list(range(len(ids))):
-        return False, f"torn checkpoints: {ids[:5]}..."
-    if not b_path.exists():
-        return len(ids) == 1, f"{len(ids)} checkpoints, no bindings"
-    b = json.loads(b_path.read_text())["checkpoint"]
-    return b in (len(ids) - 1, len(ids) - 2), f"bindings -> {b} with checkpoints 0..{len(ids) - 1}"
 
 
 ROUNDS = 3
