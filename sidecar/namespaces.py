@@ -8,6 +8,8 @@ there (:meth:`Store.exists`)."""
 from __future__ import annotations
 
 import json
+import os
+import sys
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, AsyncIterator, Mapping
@@ -15,9 +17,9 @@ from typing import TYPE_CHECKING, AsyncIterator, Mapping
 import anyio
 
 from sidecar import log
-from sidecar.errors import first_of
+from sidecar.errors import EXIT_CONFIG, fail, first_of
 from sidecar.fence import MAX_MARKER_BYTES, OWNER_KEY, STORED_VERSION, UNREADABLE, marker_identity
-from sidecar.namespace import SESSION_VAR, references, resolve
+from sidecar.namespace import SESSION_VAR, NamespaceError, references, resolve
 from sidecar.sessionplan import Group, Grouper, owner
 from sidecar.store.base import NotFound, Store, StoreError
 
@@ -75,6 +77,19 @@ def operator_settings(settings: "Settings", env: Mapping[str, str]) -> tuple["Se
     note = (f"{SESSION_VAR} is set and ignored (this command covers every session): working below the prefix "
             f"{shown!r}") if ignored else None
     return wide, note
+
+
+def start_operator(settings: "Settings", command: str, env: Mapping[str, str] | None = None) -> "Settings | int":
+    """The start shared by ``sessions``, ``prune`` and ``verify``: :func:`operator_settings`, its
+    note (if any) as one ``<command>: …`` line on stderr; or, for a prefix that cannot be used,
+    the exit code once its one line is written."""
+    try:
+        wide, note = operator_settings(settings, os.environ if env is None else env)
+    except NamespaceError as e:
+        return fail(f"{e.variable}: {e}", EXIT_CONFIG)
+    if note:
+        print(f"{command}: {note}", file=sys.stderr, flush=True)
+    return wide
 
 
 class StoreClock:

@@ -28,7 +28,6 @@ what prune cannot delete (the others were; run it again)."""
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from functools import partial
@@ -40,8 +39,7 @@ import anyio.to_thread
 from sidecar import log
 from sidecar.config import Settings
 from sidecar.errors import EXIT_CONFIG, EXIT_FAIL, EXIT_OK, fail
-from sidecar.namespace import NamespaceError
-from sidecar.namespaces import Namespace, StoreClock, full_name, namespace_store, operator_settings, walk
+from sidecar.namespaces import Namespace, StoreClock, full_name, namespace_store, start_operator, walk
 from sidecar.pruner import FAILED, PRUNED, SKIPPED, WOULD_PRUNE, Pruner, Result
 from sidecar.sessionplan import prunable
 from sidecar.store.base import Store, StoreError
@@ -116,12 +114,10 @@ async def command(settings: Settings, dry_run: bool, force: bool = False) -> int
         return fail(f"--older-than {_shown_duration(older_than)} is below {_shown_duration(FLOOR)}: it would delete "
                     f"sessions idle for less than that (a released session is only paused: on Foundry every idle "
                     f"session is released minutes after its last turn); pass --force if that is meant", EXIT_CONFIG)
-    try:
-        settings, note = operator_settings(settings, os.environ)
-    except NamespaceError as e:
-        return fail(f"{e.variable}: {e}", EXIT_CONFIG)
-    if note:
-        print(f"prune: {note}", file=sys.stderr, flush=True)
+    started = start_operator(settings, "prune")
+    if isinstance(started, int):
+        return started
+    settings = started
     prefix = settings.namespace.path
     # creates nothing; a dry run writes nothing either (its clock is this machine's on a directory store,
     # said in one line), a real run makes its clock probe there like any write

@@ -8,16 +8,14 @@ so far stand). Every session's namespace below ``SIDECAR_PREFIX``, whatever
 from __future__ import annotations
 
 import json
-import os
-import sys
 from datetime import datetime, timezone
 from typing import Any
 
 from sidecar import log
 from sidecar.config import Settings
-from sidecar.errors import EXIT_CONFIG, EXIT_OK, fail
-from sidecar.namespace import NamespaceError, describe_identity
-from sidecar.namespaces import Namespace, full_name, operator_settings, walk
+from sidecar.errors import EXIT_OK, fail
+from sidecar.namespace import describe_identity
+from sidecar.namespaces import Namespace, full_name, start_operator, walk
 from sidecar.store.base import StoreError
 from sidecar.storeclient import missing, open_store
 
@@ -49,12 +47,10 @@ def as_text(ns: Namespace, prefix: str) -> str:
 
 async def command(settings: Settings, json_lines: bool, live_within: float) -> int:
     """Print every namespace (see the module docstring)."""
-    try:
-        settings, note = operator_settings(settings, os.environ)
-    except NamespaceError as e:
-        return fail(f"{e.variable}: {e}", EXIT_CONFIG)
-    if note:
-        print(f"sessions: {note}", file=sys.stderr, flush=True)
+    started = start_operator(settings, "sessions")
+    if isinstance(started, int):
+        return started
+    settings = started
     store = open_store(settings, read_only=True)
     prefix = settings.namespace.path
     try:

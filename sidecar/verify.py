@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sys
 import time
 from functools import partial
@@ -40,9 +39,8 @@ from typing import TYPE_CHECKING, AsyncIterator, Callable
 import anyio
 
 from sidecar import log
-from sidecar.errors import EXIT_CONFIG, EXIT_OK, fail, first_of
-from sidecar.namespace import NamespaceError
-from sidecar.namespaces import full_name, groups, namespace_store, operator_settings
+from sidecar.errors import EXIT_OK, fail, first_of
+from sidecar.namespaces import full_name, groups, namespace_store, start_operator
 from sidecar.pointrestore import close_stream, open_point, rfc3339
 from sidecar.points import EntryMismatch, PointError, PointName, parse_point_key
 from sidecar.retry import retry_transient
@@ -328,12 +326,10 @@ async def reports(top: Store, store_for: Callable[[str], Store], read_data: bool
 
 async def command(settings: Settings, read_data: bool, as_json_lines: bool) -> int:
     """Verify every namespace (see the module docstring); the exit code."""
-    try:
-        settings, note = operator_settings(settings, os.environ)
-    except NamespaceError as e:
-        return fail(f"{e.variable}: {e}", EXIT_CONFIG)
-    if note:
-        print(f"verify: {note}", file=sys.stderr, flush=True)
+    started = start_operator(settings, "verify")
+    if isinstance(started, int):
+        return started
+    settings = started
     prefix = settings.namespace.path
     top = open_store(settings, read_only=True)
     parallel = max(1, min(settings.concurrency, PARALLEL))
