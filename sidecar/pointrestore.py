@@ -20,8 +20,9 @@ from __future__ import annotations
 import datetime
 import errno
 import math
+import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import AsyncIterator, Awaitable, Callable
 
 import anyio
@@ -29,7 +30,7 @@ import anyio.to_thread
 
 from sidecar import log
 from sidecar.localfs import UnsafeTarget, has_regular_files
-from sidecar.paths import IgnoreRules, Root, UnsafeKey, split_key
+from sidecar.paths import IgnoreRules, Root, UnsafeKey, is_within, split_key
 from sidecar.points import (
     POINT_DIR,
     POINT_MANIFEST,
@@ -45,13 +46,19 @@ from sidecar.points import (
     parse_point_key,
 )
 from sidecar.restorefs import (
+    Aside,
+    CannotSetAside,
     ChecksumMismatch,
     Lineage,
     OpenDirs,
     RestoreTemp,
+    aside_parent,
     clear_restoring,
     mark_restoring,
+    plan_aside,
     remove_stale_restore_temps,
+    restore_cut_short,
+    set_aside,
     syncfs,
     write_lineage,
     write_restored,
@@ -300,10 +307,13 @@ class PointFeed:
 # -- restore --as-of -----------------------------------------------------------------------------
 
 
-async def _first_unreadable(store: Store, chain: tuple[PointName, ...]) -> PointName | None:
+async def _first_unreadable(store: Store, chain: tuple[PointName, ...],
+                            headers: list[PointHeader]) -> PointName | None:
     """The first point of ``chain`` that is unreadable, cut short, or does not follow the point
-    before it (its ``prev``: a chain missing a point gives a wrong tree); warned."""
+    before it (its ``prev``: a chain missing a point gives a wrong tree); warned. The headers
+    read are added to ``headers``."""
     before = None
+    headers.clear()
     for name in chain:
         try:
             header = await read_header(store, name)
@@ -312,19 +322,22 @@ async def _first_unreadable(store: Store, chain: tuple[PointName, ...]) -> Point
         except (PointError, NotFound) as e:
             _unusable(name, e)
             return name
+        headers.append(header)
         before = name
     return None
 
 
 @dataclass
 class AsOfResult:
-    """What ``restore --as-of`` did: the point restored (and its time), files and bytes placed."""
+    """What ``restore --as-of`` did: the point restored (and its time), files and bytes placed,
+    and (``--force-restore``) what each root held that the point lacks, moved beside it."""
 
     point: PointName
     time: float | None
     files: int = 0
     bytes: int = 0
     refused: int = 0
+    aside: list[Aside] = field(default_factory=list)
 
 
 async def store_now(store: Store) -> float | None:
@@ -341,15 +354,19 @@ async def restore_as_of(store: Store, roots: list[Root], when: float | None, ago
                         deadline: float = 0.0) -> AsOfResult:
     """Fill ``roots`` with the namespace as it was at ``when`` (or ``ago`` seconds before the
     store's now): the newest point at or before it, its chain applied. Roots holding files are
-    refused unless ``force``. Reads only; each root gets the restore marker before its first file
-    and, once its files are flushed, ``lineage`` (this namespace's disk from now on: a sidecar
-    started on it mirrors it). :class:`AsOfError` when it cannot."""
+    refused unless ``force``, which makes each root equal the point's tree: what a root holds
+    that the point lacks (ignored names aside) is moved into a directory beside it
+    (:func:`_set_aside`), the point's files written over the rest. Reads only the store; each root
+    gets the restore marker before its first change and, once its files are flushed, ``lineage``
+    (this namespace's disk from now on: a sidecar started on it mirrors it). :class:`AsOfError`
+    when it cannot."""
+    ignore = ignore or IgnoreRules()
     has_files = {r.name: await anyio.to_thread.run_sync(has_regular_files, r.path, ignore) for r in roots}
     refused = as_of_refused(has_files, force)
     if refused:
         paths = ", ".join(r.path for r in roots if r.name in refused)
         raise AsOfError(f"refusing to restore as of a time into roots that hold files ({paths}); "
-                        "--force-restore writes the point's files over them")
+                        "--force-restore makes them equal the point (what it lacks is moved beside them)")
     points = await list_points(store, deadline)
     t = when if when is not None else as_of_time(when, ago, await store_now(store))
     if t is None:
@@ -358,8 +375,9 @@ async def restore_as_of(store: Store, roots: list[Root], when: float | None, ago
     # to the millisecond, as history shows them: the time a point is listed with selects it
     times = {n: None if i.modified is None else math.floor(i.modified * 1000) / 1000 for n, i in points.items()}
     bad: list[PointName] = []
+    headers: list[PointHeader] = []
     while chosen := choose_as_of(times, t, bad):  # every point of the chain checked before a file is written
-        if (failed := await _first_unreadable(store, chosen)) is None:
+        if (failed := await _first_unreadable(store, chosen, headers)) is None:
             break
         bad.append(failed)
     if not chosen:
@@ -373,6 +391,9 @@ async def restore_as_of(store: Store, roots: list[Root], when: float | None, ago
     for root in roots:
         await anyio.to_thread.run_sync(remove_stale_restore_temps, root)
     started: dict[str, Root] = {}
+    if force:
+        tree = chain_tree(h.entries for h in headers)
+        await _set_aside(roots, set(tree), ignore, started, result)
     decided: set[str] = set()  # keys a newer point of the chain decided (written or deleted)
     dirs = OpenDirs()
     try:
@@ -412,13 +433,69 @@ async def restore_as_of(store: Store, roots: list[Root], when: float | None, ago
     return result
 
 
+async def _set_aside(roots: list[Root], tree: set[str], ignore: IgnoreRules, started: dict[str, Root],
+                     result: AsOfResult) -> None:
+    """Move what each root holds that the point's ``tree`` lacks into a directory beside it
+    (:func:`~sidecar.restorefs.set_aside`): every root is planned before any is changed (a root
+    that cannot be: AsOfError, nothing changed), then each root gets its restore marker and its
+    moves. A run cut short keeps the marker; run again, it moves what is left (into a new directory)."""
+    plans = []
+    real = [os.path.realpath(r.path) for r in roots]
+    for root in roots:
+        keep = {k.split("/", 1)[1] for k in tree if k.startswith(root.name + "/")}
+        try:
+            plans.append(aside := await anyio.to_thread.run_sync(plan_aside, root, keep, ignore))
+        except CannotSetAside as e:
+            raise AsOfError(f"{e} (nothing was changed)") from None
+        if aside.paths and any(is_within(aside_parent(root), r) for r in real):  # (a root reached through a link)
+            raise AsOfError(f"cannot move what {log.printable(root.path)} holds that the point lacks beside it: "
+                            f"{log.printable(aside_parent(root))} lies in a root (nothing was changed)")
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")  # a name only
+    for aside in plans:
+        if not aside.paths:
+            continue
+        root = aside.root
+        marked = restore_cut_short(root)
+        try:
+            mark_restoring(root)
+        except OSError as e:
+            raise AsOfError(f"cannot write into {root.path}: {e.strerror}{_again(started)}") from None
+        try:
+            await anyio.to_thread.run_sync(set_aside, aside, stamp)
+        except CannotSetAside as e:
+            if e.moved == 0 and not marked:
+                clear_restoring(root)  # this root as it was
+            else:
+                started[root.name] = root
+            if not started:
+                raise AsOfError(f"{e} (nothing was changed)") from None
+            raise AsOfError(f"{e} ({e.moved} entries were moved there){_again(started)}") from None
+        started[root.name] = root
+        result.aside.append(aside)
+        log.info("restore_as_of_set_aside", root=root.path, into=log.printable(aside.into), entries=aside.moved)
+
+
+#: ``restore --as-of --force-restore`` names at most this many of the entries it moved out of a root.
+SHOWN_ASIDE = 20
+
+
+def aside_line(aside: Aside, shown: int = SHOWN_ASIDE) -> str:
+    """What was moved out of a root, in one line: how many entries, where to, and the first
+    ``shown`` of their paths (sorted, escaped; a directory with a trailing ``/``)."""
+    paths = sorted(aside.paths)
+    names = ", ".join(log.printable(p) for p in paths[:shown])
+    more = f" and {len(paths) - shown} more" if len(paths) > shown else ""
+    return (f"moved {aside.moved} {'entry' if aside.moved == 1 else 'entries'} the point lacks out of "
+            f"{log.printable(aside.root.path)} into {log.printable(aside.into)}: {names}{more}")
+
+
 def _again(started: dict[str, Root]) -> str:
-    """What an as-of restore that failed after placing files leaves, and how to finish it (a
-    plain rerun is refused: the roots hold files)."""
+    """What an as-of restore that failed after changing a root leaves, and how to finish it (a
+    plain rerun is refused when the roots hold files; a forced one moves aside what is left)."""
     if not started:
         return ""
-    return (" (the roots keep their restore marker and the files placed so far: run it again with "
-            "--force-restore)")
+    return (" (the roots keep their restore marker and the files placed or moved aside so far: run it again "
+            "with --force-restore)")
 
 
 def _once(e: StoreError) -> str:

@@ -15,7 +15,8 @@ import stat
 from dataclasses import dataclass
 
 from sidecar.localfs import MAX_MTIME_NS, UnsafeTarget, open_child_dir, open_dir_nofollow, open_root
-from sidecar.paths import KEPT_FILE, LINEAGE_FILE, RESTORE_MARKER, RESTORE_TMP_PREFIX, Root
+from sidecar.log import printable
+from sidecar.paths import KEPT_FILE, LINEAGE_FILE, RESERVED_NAMES, RESTORE_MARKER, RESTORE_TMP_PREFIX, IgnoreRules, Root
 
 
 class OpenDirs:
@@ -319,3 +320,176 @@ def remove_stale_restore_temps(root: Root) -> None:
             if name.startswith(RESTORE_TMP_PREFIX):
                 with contextlib.suppress(OSError):
                     os.unlink(os.path.join(dirpath, name))
+
+
+# -- an exact restore: what the point lacks is moved beside the root -----------------------------
+
+
+@dataclass
+class Aside:
+    """What an exact restore (``restore --as-of --force-restore``) moves out of one root
+    (:func:`plan_aside`), and once :func:`set_aside` has moved it, where to: a new directory
+    beside the root (``into``), each entry at its own relative path there."""
+
+    root: Root
+    entries: list[str]  # files, symlinks and other non-directories (relative paths)
+    dirs: list[str]  # directories left empty by the moves (or empty already), deepest first
+    into: str = ""
+    moved: int = 0
+
+    @property
+    def paths(self) -> list[str]:
+        """Every entry moved, a directory with a trailing ``/``."""
+        return [*self.entries, *(d + "/" for d in self.dirs)]
+
+
+class CannotSetAside(Exception):
+    """One line: why what the point lacks cannot be moved out of a root (``moved`` of its
+    entries were, into ``into``; none: nothing in the root was changed)."""
+
+    def __init__(self, message: str, moved: int = 0, into: str = "") -> None:
+        super().__init__(message)
+        self.moved, self.into = moved, into
+
+
+def aside_parent(root: Root) -> str:
+    """The directory that holds the root's real directory (the root may be a link an operator
+    configured): set-aside directories are made there, on the root's filesystem, outside every root."""
+    return os.path.dirname(os.path.realpath(root.path))
+
+
+def plan_aside(root: Root, keep: set[str], ignore: IgnoreRules) -> Aside:
+    """What is in ``root`` that the point lacks (``keep``: the relative paths of the point's
+    files): every non-directory entry (a symlink is an entry, never followed) not in ``keep`` as
+    a regular file and not ignored (ignored names, the sidecar's records among them, stay), then
+    every directory with nothing of ``keep`` below it that is left empty. Directories named like
+    the sidecar's own store records are left whole. :class:`CannotSetAside` (nothing is changed)
+    when a directory cannot be read or an entry is on another filesystem than the root's parent
+    (a rename cannot move it there)."""
+    try:
+        top = os.stat(root.path)
+    except FileNotFoundError:
+        return Aside(root, [], [])
+    except OSError as e:
+        raise CannotSetAside(f"cannot read {printable(root.path)}: {e.strerror}") from None
+    if not stat.S_ISDIR(top.st_mode):
+        return Aside(root, [], [])
+    parent = aside_parent(root)
+    try:
+        dev = os.stat(parent).st_dev
+    except OSError as e:
+        raise CannotSetAside(f"cannot read {printable(parent)}: {e.strerror}") from None
+    below = {rel.rsplit("/", i)[0] for rel in keep for i in range(1, rel.count("/") + 1)}
+    entries: list[str] = []
+    order: list[tuple[str, int]] = []  # directories, parents first, with their device
+    left: dict[str, int] = {}  # directory -> entries staying in it
+    stack: list[tuple[str, int]] = [("", top.st_dev)]
+    while stack:
+        rel, here = stack.pop()
+        order.append((rel, here))
+        left[rel] = 0
+        try:
+            fd = open_dir_nofollow(root.path, rel.split("/") if rel else [], create=False)
+            try:
+                listing = [(e.name, st) for e in os.scandir(fd) if (st := _lstat(e)) is not None]
+            finally:
+                os.close(fd)
+        except (OSError, UnsafeTarget) as e:
+            why = e.strerror if isinstance(e, OSError) else str(e)
+            raise CannotSetAside(f"cannot read {printable(os.path.join(root.path, rel))} ({why}): an exact "
+                                 "restore must see every file it would move aside") from None
+        for name, st in listing:
+            sub = f"{rel}/{name}" if rel else name
+            if stat.S_ISDIR(st.st_mode):
+                if name in RESERVED_NAMES:
+                    left[rel] += 1
+                else:
+                    stack.append((sub, st.st_dev))
+            elif (stat.S_ISREG(st.st_mode) and sub in keep) or ignore.ignored(name):
+                left[rel] += 1
+            elif here != dev:
+                raise CannotSetAside(f"cannot move {printable(os.path.join(root.path, sub))} beside the root: it is on "
+                                     f"another filesystem than {printable(parent)} (a mount point); empty the root "
+                                     "yourself, or restore into an empty one")
+            else:
+                entries.append(sub)
+    dirs: list[str] = []
+    for rel, here in reversed(order):  # children before their parents
+        if rel == "":
+            continue
+        if left[rel] == 0 and rel not in below and here == dev:
+            dirs.append(rel)
+        else:
+            left[rel.rpartition("/")[0]] += 1
+    return Aside(root, entries, dirs)
+
+
+def set_aside(aside: Aside, stamp: str) -> None:
+    """Move ``aside``'s entries, then its directories, out of the root into a new directory
+    beside it, ``.<root name>.replaced-<stamp>`` (``-2``... when taken), each at its relative
+    path (renames on one filesystem: nothing is copied, nothing deleted; an empty directory
+    already made there for its moved content is only removed from the root).
+    :class:`CannotSetAside` when a rename fails, saying how many were moved (none: the new
+    directory is removed again and the root is as it was)."""
+    root = aside.root
+    base = os.path.join(aside_parent(root), "." + os.path.basename(root.path).lstrip(".") + ".replaced-" + stamp)
+    for n in range(1, 100):
+        aside.into = base if n == 1 else f"{base}-{n}"
+        try:
+            os.mkdir(aside.into, 0o700)
+            break
+        except FileExistsError:
+            continue
+        except OSError as e:
+            raise CannotSetAside(f"cannot make {printable(aside.into)} to move the files the point lacks into: "
+                                 f"{e.strerror}") from None
+    else:
+        raise CannotSetAside(f"cannot make a directory to move the files the point lacks into: {printable(base)} "
+                             "and its numbered names are taken")
+    target, made = Root(root.name, aside.into), OpenDirs()
+    try:
+        for rel in aside.paths:
+            parts = rel.rstrip("/").split("/")
+            sfd = open_dir_nofollow(root.path, parts[:-1], create=False)
+            try:
+                dfd = made.get(target, parts[:-1])
+                if rel.endswith("/") and _exists(parts[-1], dfd):
+                    os.rmdir(parts[-1], dir_fd=sfd)  # (its content moved there already: empty)
+                else:
+                    _move(parts[-1], sfd, dfd)
+            finally:
+                os.close(sfd)
+            aside.moved += 1
+    except (OSError, UnsafeTarget) as e:
+        why = e.strerror if isinstance(e, OSError) else str(e)
+        failed = printable(os.path.join(root.path, rel))
+        if aside.moved == 0:
+            made.close()
+            for path, _dirs, _files in os.walk(aside.into, topdown=False):  # directories only: nothing moved
+                with contextlib.suppress(OSError):
+                    os.rmdir(path)
+        raise CannotSetAside(f"cannot move {failed} into {printable(aside.into)}: {why}", aside.moved,
+                             aside.into) from None
+    finally:
+        made.close()
+
+
+def _lstat(entry: os.DirEntry[str]) -> os.stat_result | None:
+    try:
+        return entry.stat(follow_symlinks=False)
+    except FileNotFoundError:  # gone since listed
+        return None
+
+
+def _move(name: str, sfd: int, dfd: int) -> None:
+    """Rename ``name`` from the directory ``sfd`` to the same name in ``dfd`` (a symlink is moved
+    itself, never followed)."""
+    os.rename(name, name, src_dir_fd=sfd, dst_dir_fd=dfd)
+
+
+def _exists(name: str, dfd: int) -> bool:
+    try:
+        os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        return True
+    except FileNotFoundError:
+        return False

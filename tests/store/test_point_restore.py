@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from sidecar.paths import Root
-from sidecar.pointrestore import AsOfError, restore_as_of
+from sidecar.pointrestore import AsOfError, aside_line, restore_as_of
 from sidecar.restorefs import Lineage, read_lineage
 from sidecar.restorer import restore
 from sidecar.store.base import ObjectMeta
@@ -165,7 +165,8 @@ async def test_as_of_gives_exactly_the_tree_of_that_time(make_store, tmp_path):
     with pytest.raises(AsOfError, match="hold files"):
         await restore_as_of(store, [held], incr.modified, None, force=False, lineage=lineage)
     done = await restore_as_of(store, [held], incr.modified, None, force=True, lineage=lineage)
-    assert tree(Path(held.path)) == {**at_incr, f"{ROOT}/mine.json": b"local"}
+    assert tree(Path(held.path)) == at_incr  # exactly: mine.json moved beside the root
+    assert [(a.paths, (Path(a.into) / "mine.json").read_bytes()) for a in done.aside] == [(["mine.json"], b"local")]
     # a duration ago, on the store's clock: 0s is now, the newest point
     root = root_in(tmp_path, "now")
     await restore_as_of(store, [root], None, 0.0, force=False, lineage=lineage)
@@ -283,3 +284,125 @@ async def test_as_of_cut_off_by_the_store_says_how_to_finish_it(make_store, tmp_
     await restore_as_of(store, [root], full.modified, None, force=True, lineage=lineage)
     assert tree(Path(root.path)) == expected
     assert not (Path(root.path) / ".sidecar-restoring").exists()
+
+
+def exact_case(tmp_path: Path) -> tuple[Root, Path]:
+    """A root holding what a point of :func:`seed` (6 files) lacks, and a directory outside it."""
+    root = root_in(tmp_path, "exact")
+    r, outside = Path(root.path), tmp_path / "outside"
+    outside.mkdir()
+    (outside / "theirs.json").write_bytes(b"not the sidecar's")
+    for rel, data in {"d0/0.json": b"an older copy", "stale.json": b"stale", "old/deep/x.json": b"x",
+                      "d1/extra.json": b"extra", "new\nline.json": b"a name to escape",
+                      "d2/5.json/inner.json": b"where the point has a file",
+                      "writer.tmp": b"ignored: not the sidecar's", ".sidecar-lineage": b"{}"}.items():
+        (r / rel).parent.mkdir(parents=True, exist_ok=True)
+        (r / rel).write_bytes(data)
+    (r / "empty").mkdir()
+    (r / "link").symlink_to(outside)  # a symlink is moved as itself, never followed
+    (r / "d0/3.json").symlink_to(outside / "theirs.json")  # where the point has a file
+    return root, outside
+
+
+MOVED = ["d0/3.json", "d1/extra.json", "d2/5.json/", "d2/5.json/inner.json", "empty/", "link", "new\nline.json", "old/",
+         "old/deep/", "old/deep/x.json", "stale.json"]
+
+
+def moved_tree(into: list[Path]) -> dict[str, str]:
+    """What the directories beside a root hold, by relative path: a file's bytes, a link's target."""
+    out = {}
+    for d in into:
+        for p in d.rglob("*"):
+            rel = str(p.relative_to(d)) + ("/" if p.is_dir() and not p.is_symlink() else "")
+            out[rel] = os.readlink(p) if p.is_symlink() else p.read_bytes().decode() if p.is_file() else ""
+    return out
+
+
+async def test_as_of_forced_makes_each_root_equal_the_point(make_store, tmp_path):
+    """``restore --as-of --force-restore`` into a root that holds files makes it equal the point's
+    tree: the point's files written over the root's, and everything the point lacks (files,
+    symlinks, directories left empty) moved into one directory beside the root, their paths kept,
+    never followed out of the root; ignored names and the sidecar's records stay."""
+    store = await make_store()
+    await seed(store, 6)
+    expected = await stored(store)
+    full = await write_point(store, 100)
+    root, outside = exact_case(tmp_path)
+    lineage = Lineage(store.description, "", 0)
+    done = await restore_as_of(store, [root], full.modified, None, force=True, lineage=lineage)
+
+    r = Path(root.path)
+    assert tree(r) == {**expected, f"{ROOT}/writer.tmp": b"ignored: not the sidecar's"}
+    assert sorted(str(p.relative_to(r)) for p in r.rglob("*") if p.is_dir()) == ["d0", "d1", "d2"]
+    [into] = list(r.parent.glob(".checkpoints.replaced-*"))
+    [aside] = done.aside
+    assert (Path(aside.into), aside.root, sorted(aside.paths), aside.moved) == (into, root, MOVED, len(MOVED))
+    assert moved_tree([into]) == {
+        "d0/": "", "d0/3.json": str(outside / "theirs.json"), "d1/": "", "d1/extra.json": "extra", "d2/": "",
+        "d2/5.json/": "", "d2/5.json/inner.json": "where the point has a file", "empty/": "", "link": str(outside),
+        "new\nline.json": "a name to escape", "old/": "", "old/deep/": "", "old/deep/x.json": "x", "stale.json": "stale"}
+    assert [p.name for p in outside.iterdir()] == ["theirs.json"]
+    assert (outside / "theirs.json").read_bytes() == b"not the sidecar's"
+    assert read_lineage(root) == lineage and not (r / ".sidecar-restoring").exists()
+    assert done.files == len(expected)
+    assert aside_line(aside, 7) == (f"moved 11 entries the point lacks out of {r} into {into}: d0/3.json, d1/extra.json, "
+                                    "d2/5.json/, d2/5.json/inner.json, empty/, link, new\\nline.json and 4 more")
+
+    # into a root the point already equals: nothing to move, no directory made
+    done = await restore_as_of(store, [root], full.modified, None, force=True, lineage=lineage)
+    assert done.aside == [] and list(r.parent.glob(".checkpoints.replaced-*")) == [into]
+
+
+async def test_as_of_forced_moves_aside_or_changes_nothing_and_a_rerun_finishes(make_store, tmp_path, monkeypatch):
+    """A root whose entries cannot be renamed beside it (a mount point), or a move that fails
+    first, changes nothing: one AsOfError, the root as it was, no marker and no directory beside
+    it. One that fails part way leaves the restore marker and says to run it again with
+    --force-restore, which finishes: the root equals the point, what it lacked is in the
+    directories beside it, nothing deleted."""
+    from sidecar import restorefs
+
+    store = await make_store()
+    await seed(store, 6)
+    expected = await stored(store)
+    full = await write_point(store, 100)
+    root, outside = exact_case(tmp_path)
+    r = Path(root.path)
+    lineage = Lineage(store.description, "", 0)
+    real_move, calls = restorefs._move, []
+
+    def fails_at(n: int):
+        def move(name: str, sfd: int, dfd: int) -> None:
+            calls.append(name)
+            if len(calls) >= n:
+                raise OSError(18, "Invalid cross-device link")
+            real_move(name, sfd, dfd)
+        return move
+
+    before = sorted((str(p.relative_to(r)), p.is_symlink()) for p in r.rglob("*"))
+    with monkeypatch.context() as m:  # the root a mount point: its parent on another filesystem
+        m.setattr(restorefs, "aside_parent", lambda root: "/proc")
+        with pytest.raises(AsOfError, match=r"on another filesystem than /proc .*\(nothing was changed\)$"):
+            await restore_as_of(store, [root], full.modified, None, force=True, lineage=lineage)
+    assert sorted((str(p.relative_to(r)), p.is_symlink()) for p in r.rglob("*")) == before
+    assert not (r / ".sidecar-restoring").exists()
+
+    monkeypatch.setattr(restorefs, "_move", fails_at(1))
+    with pytest.raises(AsOfError, match=r"Invalid cross-device link \(nothing was changed\)$"):
+        await restore_as_of(store, [root], full.modified, None, force=True, lineage=lineage)
+    assert sorted((str(p.relative_to(r)), p.is_symlink()) for p in r.rglob("*")) == before
+    assert list(r.parent.glob(".checkpoints.replaced-*")) == [] and not (r / ".sidecar-restoring").exists()
+
+    calls.clear()
+    monkeypatch.setattr(restorefs, "_move", fails_at(4))
+    with pytest.raises(AsOfError) as failed:
+        await restore_as_of(store, [root], full.modified, None, force=True, lineage=lineage)
+    assert "(3 entries were moved there)" in str(failed.value) and "--force-restore" in str(failed.value)
+    assert (r / ".sidecar-restoring").exists()
+
+    monkeypatch.setattr(restorefs, "_move", real_move)
+    await restore_as_of(store, [root], full.modified, None, force=True, lineage=lineage)
+    assert tree(r) == {**expected, f"{ROOT}/writer.tmp": b"ignored: not the sidecar's"}
+    into = list(r.parent.glob(".checkpoints.replaced-*"))
+    assert len(into) == 2 and {k for k in moved_tree(into) if not k.endswith("/")} == {
+        m for m in MOVED if not m.endswith("/")}
+    assert read_lineage(root) == lineage and not (r / ".sidecar-restoring").exists()
