@@ -353,16 +353,19 @@ async def restore_as_of(settings: Settings, roots: list[Root], store: Store, whe
                         ago: float | None) -> int:
     """``restore --as-of``: fill the roots with the namespace as it was at ``when`` (or ``ago``
     seconds before the store's now) from its restore points (:mod:`sidecar.pointrestore`). Reads
-    only: neither claims the namespace nor writes to the store. Exit 0 once filled; 1 when no point
-    is at or before the time, a root holds files (without ``--force-restore``), a point is
-    unreadable or the store cannot be read; 2 for another identity's namespace with
-    ``--force-restore`` (into empty roots, without it, any identity may read it)."""
+    only: neither claims the namespace nor writes to the store. With ``--force-restore`` each root
+    is made equal to the point: what it lacks is moved beside the root, one line per root says
+    how many entries, which and where (:func:`~sidecar.pointrestore.aside_line`). Exit 0 once filled; 1 when
+    no point is at or before the time, a root holds files (without ``--force-restore``), what the
+    point lacks cannot be moved aside, a point is unreadable or the store cannot be read; 2 for
+    another identity's namespace with ``--force-restore`` (into empty roots, without it, any
+    identity may read it)."""
     import time
     from functools import partial
 
     from sidecar.fence import IdentityConflict, take_for_restore
     from sidecar.paths import IgnoreRules
-    from sidecar.pointrestore import AsOfError, rfc3339
+    from sidecar.pointrestore import AsOfError, aside_line, rfc3339
     from sidecar.pointrestore import restore_as_of as fill
     from sidecar.restorer import ForeignDisk, check_foreign, lineage_of
     from sidecar.retry import retry_transient
@@ -395,6 +398,8 @@ async def restore_as_of(settings: Settings, roots: list[Root], store: Store, whe
              bytes=done.bytes, refused=done.refused)
     print(f"checkpoint-sidecar: restored {done.files} files ({done.bytes} bytes) as of the restore point of "
           f"{rfc3339(done.time)} (seq {done.point.seq})")
+    for aside in done.aside:  # --force-restore: what the point lacks, moved beside the root
+        print(f"checkpoint-sidecar: {aside_line(aside)}")
     return EXIT_OK
 
 
