@@ -39,7 +39,9 @@ are regular files of bounded size reached so (a FIFO or a link to ``/dev/zero`` 
 record that cannot be read leaves its object unverified.
 A store holds a key or a directory of keys at one path, never both: a put replaces a stale object
 standing where its directory goes (``a`` before ``a/b``), or the stale objects below a directory
-standing where it goes. A writer's first put removes the temp files a crash left in its namespace.
+standing where it goes. A writer's first put removes the temp files a crash left in its namespace:
+a temp file is ``flock``'ed by its writer while it lives, so one that no writer holds and that is
+older than :data:`~sidecar.store.dirfs.TEMP_GRACE_NS` by the store's clock is a dead writer's.
 """
 
 from __future__ import annotations
@@ -84,6 +86,7 @@ from sidecar.store.dirfs import (
     _child_dir_if,
     _clean_temps_below,
     _clock_at,
+    _clock_in,
     _files_below,
     _fill,
     _fsync_dir,
@@ -289,9 +292,15 @@ class DirectoryStore:
 
     def _clean_temps(self) -> None:
         """Remove the temp files crashed writers left in this namespace (once, before this writer's
-        first put); a nested namespace's are never touched (:func:`_clean_temps_below`)."""
+        first put): never a live writer's, nor a nested namespace's (:func:`_clean_temps_below`)."""
         with suppress(FileNotFoundError, NotADirectoryError):
-            _clean_temps_below(self._ns())
+            fd = self._ns()
+            try:
+                now_ns = _clock_in(fd)
+            except BaseException:
+                os.close(fd)
+                raise
+            _clean_temps_below(fd, now_ns)
         self._temps_cleaned = True
 
     async def _run(self, fn: Callable[..., T], *args: object, key: str | None = None) -> T:
@@ -363,6 +372,7 @@ class DirectoryStore:
             finally:
                 if not renamed:  # superseded, or failed: nothing written
                     _unlink_quietly(dfd, tmp)
+                os.close(fd)  # (the temp's lock: see _new_temp)
                 os.close(dfd)
 
         return await self._run(write, key=key)
