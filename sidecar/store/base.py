@@ -86,8 +86,9 @@ class ObjectInfo:
     etag: str | None = None
     version: int = 0  # 0: written without one (an older release, another tool)
     #: when the store last wrote the object, in seconds since the epoch by the *store's* clock
-    #: (Azure's Last-Modified, the directory store's file mtime); None when not known. Compared
-    #: only with other times of the same store, never with a local clock.
+    #: (Azure's Last-Modified; the directory store's time of the put, kept in its record): stable
+    #: until the object is written again. None when not known. Compared only with other times of
+    #: the same store, never with a local clock.
     modified: float | None = None
     #: as listed: another client holds a lease on it, so it cannot be written or deleted until that
     #: lease is released or broken (Azure; other stores have none)

@@ -3,7 +3,8 @@
 Layout under ``<base>/<prefix>/``::
 
     <key>                          the object's bytes, mode and mtime as recorded
-    .sidecar-meta/<key>.json       {"size", "sha256", "mtime_ns", "mode", "version", "data_mtime_ns"}
+    .sidecar-meta/<key>.json       {"size", "sha256", "mtime_ns", "mode", "version", "data_mtime_ns",
+                                    "stored_ns"}
     .sidecar-meta/<dir>/.sidecar-long-<sha256 of name>.json
                                    the same, for a name too long to take the ".json" suffix
                                    (a file name may have 255 bytes; ".sidecar-*" names are never
@@ -20,6 +21,9 @@ mtime, and reconciliation rewrites it. The record's ``version`` orders writes (t
 of :meth:`~sidecar.store.base.Store.put`) and is trusted while the record is there, whatever the
 data file's mtime says: a store copied without mtimes keeps its order. A record-less object has
 version 0, except one of the sidecar's own objects, written with its stamp as the file's mtime.
+An object's ``modified`` is ``stored_ns``: when the store wrote it, by the filesystem's clock (the
+temp file's change time as the put finished it), which a later chmod, rename or copy of the file
+does not change; a record-less object's is its data file's change time.
 
 A put streams its bytes into the temp file with no lock held; only the version check, the renames
 and the record are one critical section, under an ``flock`` of the key's lock file (one of
@@ -408,10 +412,11 @@ class DirectoryStore:
             "mode": meta.mode,
             "version": meta.version,
             "data_mtime_ns": written.st_mtime_ns,
+            "stored_ns": written.st_ctime_ns,
         }
         _write_atomic(meta_path, json.dumps(record).encode(), top=self.base)
         return True, ObjectInfo(key, meta.size, meta.sha256, meta.mtime_ns, meta.mode, str(written.st_mtime_ns),
-                                meta.version)
+                                meta.version, written.st_ctime_ns / 1e9)
 
     def _record(self, parts: list[str]) -> dict | None:
         """The key ``parts``' record, or None when there is none that can be read (a symlink on
@@ -427,8 +432,8 @@ class DirectoryStore:
 
     def _info(self, key: str, st: os.stat_result, rec: dict | None) -> ObjectInfo:
         own = key.startswith(OWN_PREFIX)
-        # the store's clock: the inode's change time (set by the kernel at the put's rename or the
-        # stamp's utime, never by a copy tool), where an own object's mtime is a stamp
+        # the store's clock: when the put wrote it (see the module's docstring); a record-less
+        # object's inode change time, where an own object's mtime is a stamp
         modified = st.st_ctime_ns / 1e9
         # a stamp is never a wall-clock time (see fence.next_stamp): a copied file's mtime is not one
         version = st.st_mtime_ns if own and 0 <= st.st_mtime_ns < MAX_STAMP_MTIME else 0
@@ -438,6 +443,8 @@ class DirectoryStore:
             if not isinstance(rec["sha256"], str):
                 raise TypeError("no sha256")  # a record that vouches for nothing: unverified
             version = _bounded(rec.get("version", 0 if not own else rec.get("mtime_ns", 0)))
+            with suppress(ValueError, TypeError, OverflowError):  # (a record of an older release has none)
+                modified = _bounded(rec.get("stored_ns", 0)) / 1e9 or modified
             # A record is removed before its data is replaced, so one that is there describes the
             # last complete put: when the data file no longer matches it (copied without mtimes,
             # or changed by something else) its sha256 is still what the bytes must be, and a
