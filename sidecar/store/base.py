@@ -174,7 +174,9 @@ class Store(Protocol):
         store's pace rather than one round trip a chunk; a local one may ignore it."""
 
     def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:
-        """Every object whose key starts with ``prefix``, with metadata, in one paged pass."""
+        """Every object whose key starts with ``prefix``, with metadata, in one paged pass, in
+        key order (by code point, as Azure lists blobs): a namespace's objects come together, and
+        ``sessions`` lists namespaces in the same order whatever the store."""
 
     async def delete(self, key: str) -> None:
         """Remove ``key``; deleting a missing object is not an error."""

@@ -525,10 +525,11 @@ class DirectoryStore:
 
     def _walk_dir(self, dfd: int, rfd: int | None, parts: list[str], prefix: str) -> Iterator[ObjectInfo]:
         """The objects below the directory ``dfd`` (key path ``parts``; ``rfd``: its records'
-        directory, or None), depth first: it holds one descriptor per level. A symlink is neither
-        listed nor descended into: it is named in one warning (the objects below it are unseen,
-        which never counts as deleted)."""
-        for entry in list(os.scandir(dfd)):
+        directory, or None), depth first in key order (a directory's entries sorted as the keys
+        below them sort: ``a.txt`` before ``a/b``): it holds one descriptor per level. A symlink is
+        neither listed nor descended into: it is named in one warning (the objects below it are
+        unseen, which never counts as deleted)."""
+        for entry in sorted(os.scandir(dfd), key=_key_order):
             if entry.name.startswith(TMP_PREFIX) or (not parts and entry.name == META_DIR):
                 continue
             sub = parts + [entry.name]
@@ -678,6 +679,12 @@ class DirectoryStore:
 
     async def aclose(self) -> None:
         return None
+
+
+def _key_order(entry: os.DirEntry) -> str:
+    """Where ``entry``'s keys sort among its siblings' (by code point, as Azure and the memory
+    store list): a directory's keys all begin with its name and ``/``."""
+    return entry.name + "/" if entry.is_dir(follow_symlinks=False) else entry.name
 
 
 # -- the registry's entry points (sidecar.store.registry) -----------------------------------------
