@@ -29,7 +29,10 @@ A put streams its bytes into the temp file with no lock held; only the version c
 and the record are one critical section, under an ``flock`` of the key's lock file (one of
 :data:`LOCK_STRIPES`, by a hash of the key; the sidecar's own objects share ``.sidecar-lock``), so
 an older put that finishes last never replaces a newer one, in this process or another. Deletes
-take the same lock.
+take the same lock (a delete of a key that is not there takes none, and makes no lock file).
+The namespace's last delete removes its lock files (each under its lock, and only while no writer
+holds it), then its records' directory and its own: a writer that waited on a lock file removed
+meanwhile finds it is no longer the one linked there and takes the lock again, made anew.
 
 The base (``SIDECAR_STORE``) may itself be reached through a symlink: a mount point often is, and
 it is the operator's own setting. Below it nothing is followed: every directory (the prefix's
@@ -84,6 +87,7 @@ from sidecar.store.dirfs import (
     MAX_STAMP_MTIME,
     META_DIR,
     OWN_PREFIX,
+    RACE_ATTEMPTS,
     TMP_PREFIX,
     _bounded,
     _child_dir,
@@ -91,9 +95,12 @@ from sidecar.store.dirfs import (
     _clean_temps_below,
     _clock_at,
     _clock_in,
+    _drop_lock,
     _files_below,
     _fill,
     _fsync_dir,
+    _is_lock,
+    _key_order,
     _Link,
     _lock_name,
     _lstat_at,
@@ -104,6 +111,7 @@ from sidecar.store.dirfs import (
     _read_record_at,
     _remove_durably,
     _rmtree_at,
+    _still_linked,
     _temp_in,
     _unlink_durably,
     _unlink_quietly,
@@ -178,25 +186,82 @@ class DirectoryStore:
         check-then-replace of one key never interleave (two sidecars claiming the owner marker at
         once would otherwise both pass the stamp check, and an older put finishing last would
         replace a newer one). Across hosts this holds where the shared filesystem honours flock,
-        as NFS does. Blocking: called in a worker thread only."""
-        dfd = self._dir([META_DIR], create=True)
+        as NFS does. A lock file removed with its emptied namespace while this waited for it
+        (:meth:`_drop_locks`) is taken again, made anew. Blocking: called in a worker thread only."""
         name = _lock_name(key)
+        for _attempt in range(RACE_ATTEMPTS):
+            if (fd := self._lock_once(name)) is not None:
+                try:
+                    yield
+                finally:
+                    os.close(fd)  # releases the lock
+                return
+        raise StoreError(f"directory store {self.top}: the lock file {self._where([META_DIR, name])!r} "
+                         "kept being removed while it was taken; try again")
+
+    def _lock_once(self, name: str) -> int | None:
+        """The lock file ``name``, made if missing and locked, or None when it (or its directory)
+        was removed meanwhile."""
+        dfd = self._dir([META_DIR], create=True)
         try:
-            fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600, dir_fd=dfd)
-        except OSError as e:
-            if e.errno == errno.ELOOP:
-                raise _Link(self._where([META_DIR, name])) from None
-            raise
+            try:
+                fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600,
+                             dir_fd=dfd)
+            except FileNotFoundError:
+                return None  # the records' directory went with its emptied namespace
+            except OSError as e:
+                if e.errno == errno.ELOOP:
+                    raise _Link(self._where([META_DIR, name])) from None
+                raise
+            try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise StoreError(f"directory store {self.base}: the lock file "
+                                     f"{self._where([META_DIR, name])!r} is not a regular file; remove it")
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                if _still_linked(dfd, name, fd):
+                    return fd
+            except BaseException:
+                os.close(fd)
+                raise
+            os.close(fd)
+            return None
         finally:
             os.close(dfd)
+
+    def _drop_locks(self) -> None:
+        """Once the namespace holds no object (its last one deleted: a prune, a namespace's
+        deletion), its lock files go with it, then its records' directory and its own (never the
+        base): each lock file only while no writer holds it, a directory only while empty, so a
+        writer arriving meanwhile keeps what it needs (or makes it again)."""
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise StoreError(f"directory store {self.base}: the lock file "
-                                 f"{self._where([META_DIR, name])!r} is not a regular file; remove it")
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
+            fd = self._ns()
+        except (OSError, _Link):
+            return
+        try:
+            if [e.name for e in os.scandir(fd)] != [META_DIR]:
+                return
+            mfd = _child_dir(fd, META_DIR, self._where([META_DIR]))
+            try:
+                names = os.listdir(mfd)
+                if not all(_is_lock(n) for n in names) or not all(_drop_lock(mfd, n) for n in names):
+                    return  # a record or a temp file (not empty), or a writer at work
+                _fsync_dir(mfd)
+            finally:
+                os.close(mfd)
+            os.rmdir(META_DIR, dir_fd=fd)
+            _fsync_dir(fd)
+        except (OSError, _Link):
+            return
         finally:
-            os.close(fd)  # releases the lock
+            os.close(fd)
+        if self._prefix_parts:  # the namespace's own directory, while still empty (never the base)
+            with suppress(OSError, _Link):
+                pfd = _open_dir(self.base, self._prefix_parts[:-1], False)
+                try:
+                    os.rmdir(self._prefix_parts[-1], dir_fd=pfd)
+                    _fsync_dir(pfd)
+                finally:
+                    os.close(pfd)
 
     def _has_record(self, rel: str) -> bool:
         *head, name = rel.split("/")
@@ -607,6 +672,8 @@ class DirectoryStore:
             os.close(self._ns())
         except FileNotFoundError:
             return False  # nothing stored here yet (and nothing made for a delete)
+        if not self._present(parts):
+            return False  # (no lock file made for it either)
         with self._locked(key):
             if version is not None:
                 try:
@@ -628,10 +695,22 @@ class DirectoryStore:
                     os.close(dfd)
         if not any(removed):
             return False
-        # Prune directories left empty, up to (not including) the namespace and its records.
-        self._prune(parts[:-1])
+        # Prune directories left empty, up to (not including) the namespace and its records; the
+        # namespace's last object takes its lock files and directories with it.
+        emptied = self._prune(parts[:-1])
         self._prune([META_DIR, *parts[:-1]], keep=1)
+        if emptied:
+            self._drop_locks()
         return True
+
+    def _present(self, parts: list[str]) -> bool:
+        """Whether the key ``parts`` has a data file or a record (a delete of neither changes
+        nothing: it takes no lock)."""
+        for target, data in ((parts, True), ([META_DIR, *parts[:-1], _meta_name(parts[-1])], False)):
+            if (where := self._target(target, data)) is not None:
+                os.close(where[0])
+                return True
+        return False
 
     def _target(self, parts: list[str], data: bool) -> tuple[int, str] | None:
         """The open directory and name of the file ``parts`` (below the namespace) to remove, or
@@ -650,20 +729,21 @@ class DirectoryStore:
             return None
         return dfd, parts[-1]
 
-    def _prune(self, dirs: list[str], keep: int = 0) -> None:
+    def _prune(self, dirs: list[str], keep: int = 0) -> bool:
         """Remove the directories ``dirs`` (below the namespace) left empty, deepest first, but
-        never the first ``keep`` of them."""
+        never the first ``keep`` of them; whether all were."""
         for depth in range(len(dirs), keep, -1):
             try:
                 pfd = self._dir(dirs[:depth - 1])
             except (OSError, _Link):
-                return
+                return False
             try:
                 os.rmdir(dirs[depth - 1], dir_fd=pfd)  # refuses a symlink (ENOTDIR) or a full one
             except OSError:
-                return
+                return False
             finally:
                 os.close(pfd)
+        return True
 
     async def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:
         """Walked in a worker thread LIST_BATCH entries at a time, each batch yielded as it is read:
@@ -679,12 +759,6 @@ class DirectoryStore:
 
     async def aclose(self) -> None:
         return None
-
-
-def _key_order(entry: os.DirEntry) -> str:
-    """Where ``entry``'s keys sort among its siblings' (by code point, as Azure and the memory
-    store list): a directory's keys all begin with its name and ``/``."""
-    return entry.name + "/" if entry.is_dir(follow_symlinks=False) else entry.name
 
 
 # -- the registry's entry points (sidecar.store.registry) -----------------------------------------

@@ -374,6 +374,45 @@ def _write_atomic(path: str, data: "bytes | Source", mode: int = 0o600, mtime_ns
         os.close(dfd)
 
 
+def _is_lock(name: str) -> bool:
+    return name == OWN_LOCK or name.startswith(KEY_LOCK_PREFIX)
+
+
+def _still_linked(dfd: int, name: str, fd: int) -> bool:
+    """Whether the (locked) file ``fd`` is still the one called ``name`` in ``dfd``: a lock file
+    removed with its emptied namespace (:func:`_drop_lock`) while a writer waited for it locks
+    nothing any more, and the writer takes the lock again."""
+    st, here = os.fstat(fd), _lstat_at(dfd, name)
+    return here is not None and (here.st_dev, here.st_ino) == (st.st_dev, st.st_ino)
+
+
+def _drop_lock(dfd: int, name: str) -> bool:
+    """Remove the lock file ``name`` in ``dfd`` under its lock, unless a writer holds it (False:
+    the namespace is in use); never through a symlink."""
+    try:
+        fd = os.open(name, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+    except FileNotFoundError:
+        return True
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        if _still_linked(dfd, name, fd):
+            os.unlink(name, dir_fd=dfd)
+        return True
+    finally:
+        os.close(fd)
+
+
+def _key_order(entry: os.DirEntry) -> str:
+    """Where ``entry``'s keys sort among its siblings' (by code point, as Azure and the memory
+    store list): a directory's keys all begin with its name and ``/``."""
+    return entry.name + "/" if entry.is_dir(follow_symlinks=False) else entry.name
+
+
 def _lock_name(key: str) -> str:
     if key.startswith(OWN_PREFIX):
         return OWN_LOCK  # the same file as releases that lock only their own objects
