@@ -34,7 +34,7 @@ def _neighbour(store: DirectoryStore, key: str, names: str = "bcdefghijk") -> st
     head = key.rpartition("/")[0]
     for n in names:
         other = f"{head}/{n}.json"
-        if directory_mod._lock_name(other) != directory_mod._lock_name(key):
+        if dirfs_mod._lock_name(other) != dirfs_mod._lock_name(key):
             return other
     raise AssertionError("no neighbour with a lock of its own")
 

@@ -14,7 +14,8 @@ import anyio
 import anyio.to_thread
 import pytest
 
-import sidecar.store.directory as directory
+import sidecar.store.dirfs as dirfs
+import sidecar.store.dirlayout as dirlayout
 from sidecar.store.base import ObjectMeta
 from sidecar.store.directory import DirectoryStore
 
@@ -57,7 +58,7 @@ async def test_the_last_delete_removes_the_lock_files_but_never_a_held_one(tmp_p
         await store.delete("b/c")
         kept = sorted(os.listdir(meta_dir(tmp_path)))
         release.set()
-    assert directory._lock_name(".sidecar/owner") in kept, "a held lock file was removed"
+    assert dirfs._lock_name(".sidecar/owner") in kept, "a held lock file was removed"
     await store.put("d", b"x", ObjectMeta.of(b"x", 1, 0o600, version=1))
     await store.delete("d")  # now nobody holds one: they go, with the namespace's directory
     assert not (tmp_path / "ns").exists()
@@ -90,14 +91,14 @@ async def test_a_delete_waiting_on_a_lock_file_removed_meanwhile_takes_a_new_one
         got["removed"] = await store.delete_if("k", 1)
 
     async with anyio.create_task_group() as tg:
-        monkeypatch.setattr(directory, "fcntl", Paused())
+        monkeypatch.setattr(dirlayout, "fcntl", Paused())
         tg.start_soon(delete_paused)
         assert await anyio.to_thread.run_sync(waiting.wait, 10)
-        monkeypatch.setattr(directory, "fcntl", fcntl)
+        monkeypatch.setattr(dirlayout, "fcntl", fcntl)
         await other.delete("k")  # the last object: its lock files and directories go
         assert not (tmp_path / "ns").exists()
         await other.put("k", b"new", ObjectMeta.of(b"new", 1, 0o600, version=2))
-        monkeypatch.setattr(directory, "fcntl", Paused())
+        monkeypatch.setattr(dirlayout, "fcntl", Paused())
         go.set()
     assert len(calls) == 2, "the removed lock file was taken again"
     assert got["removed"] is False  # it holds version 2 now
