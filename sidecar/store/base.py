@@ -86,8 +86,9 @@ class ObjectInfo:
     etag: str | None = None
     version: int = 0  # 0: written without one (an older release, another tool)
     #: when the store last wrote the object, in seconds since the epoch by the *store's* clock
-    #: (Azure's Last-Modified, the directory store's file mtime); None when not known. Compared
-    #: only with other times of the same store, never with a local clock.
+    #: (Azure's Last-Modified; the directory store's time of the put, kept in its record): stable
+    #: until the object is written again. None when not known. Compared only with other times of
+    #: the same store, never with a local clock.
     modified: float | None = None
     #: as listed: another client holds a lease on it, so it cannot be written or deleted until that
     #: lease is released or broken (Azure; other stores have none)
@@ -173,7 +174,9 @@ class Store(Protocol):
         store's pace rather than one round trip a chunk; a local one may ignore it."""
 
     def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:
-        """Every object whose key starts with ``prefix``, with metadata, in one paged pass."""
+        """Every object whose key starts with ``prefix``, with metadata, in one paged pass, in
+        key order (by code point, as Azure lists blobs): a namespace's objects come together, and
+        ``sessions`` lists namespaces in the same order whatever the store."""
 
     async def delete(self, key: str) -> None:
         """Remove ``key``; deleting a missing object is not an error."""

@@ -3,7 +3,8 @@
 Layout under ``<base>/<prefix>/``::
 
     <key>                          the object's bytes, mode and mtime as recorded
-    .sidecar-meta/<key>.json       {"size", "sha256", "mtime_ns", "mode", "version", "data_mtime_ns"}
+    .sidecar-meta/<key>.json       {"size", "sha256", "mtime_ns", "mode", "version", "data_mtime_ns",
+                                    "stored_ns"}
     .sidecar-meta/<dir>/.sidecar-long-<sha256 of name>.json
                                    the same, for a name too long to take the ".json" suffix
                                    (a file name may have 255 bytes; ".sidecar-*" names are never
@@ -20,12 +21,18 @@ mtime, and reconciliation rewrites it. The record's ``version`` orders writes (t
 of :meth:`~sidecar.store.base.Store.put`) and is trusted while the record is there, whatever the
 data file's mtime says: a store copied without mtimes keeps its order. A record-less object has
 version 0, except one of the sidecar's own objects, written with its stamp as the file's mtime.
+An object's ``modified`` is ``stored_ns``: when the store wrote it, by the filesystem's clock (the
+temp file's change time as the put finished it), which a later chmod, rename or copy of the file
+does not change; a record-less object's is its data file's change time.
 
 A put streams its bytes into the temp file with no lock held; only the version check, the renames
 and the record are one critical section, under an ``flock`` of the key's lock file (one of
 :data:`LOCK_STRIPES`, by a hash of the key; the sidecar's own objects share ``.sidecar-lock``), so
 an older put that finishes last never replaces a newer one, in this process or another. Deletes
-take the same lock.
+take the same lock (a delete of a key that is not there takes none, and makes no lock file).
+The namespace's last delete removes its lock files (each under its lock, and only while no writer
+holds it), then its records' directory and its own: a writer that waited on a lock file removed
+meanwhile finds it is no longer the one linked there and takes the lock again, made anew.
 
 The base (``SIDECAR_STORE``) may itself be reached through a symlink: a mount point often is, and
 it is the operator's own setting. Below it nothing is followed: every directory (the prefix's
@@ -39,19 +46,20 @@ are regular files of bounded size reached so (a FIFO or a link to ``/dev/zero`` 
 record that cannot be read leaves its object unverified.
 A store holds a key or a directory of keys at one path, never both: a put replaces a stale object
 standing where its directory goes (``a`` before ``a/b``), or the stale objects below a directory
-standing where it goes. A writer's first put removes the temp files a crash left in its namespace.
+standing where it goes. A writer's first put removes the temp files a crash left in its namespace:
+a temp file is ``flock``'ed by its writer while it lives, so one that no writer holds and that is
+older than :data:`~sidecar.store.dirfs.TEMP_GRACE_NS` by the store's clock is a dead writer's.
 """
 
 from __future__ import annotations
 
 import errno
-import fcntl
 import json
 import os
 import stat
 import threading
 import time
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from dataclasses import dataclass
 from itertools import islice
 from typing import AsyncIterator, Callable, Generator, Iterator, Mapping, TypeVar
@@ -81,33 +89,29 @@ from sidecar.store.dirfs import (
     TMP_PREFIX,
     _bounded,
     _child_dir,
-    _child_dir_if,
-    _clean_temps_below,
     _clock_at,
-    _files_below,
     _fill,
     _fsync_dir,
+    _key_order,
     _Link,
-    _lock_name,
     _lstat_at,
     _meta_name,
     _meta_path,
     _nearest_dir,
-    _open_dir,
     _read_record_at,
     _remove_durably,
-    _rmtree_at,
     _temp_in,
     _unlink_durably,
     _unlink_quietly,
     _write_atomic,
 )
+from sidecar.store.dirlayout import Layout
 
 T = TypeVar("T")
 
 _CLOCK_TOLD = log.Once(limit=16)  # stores whose clock fell back to this machine's, said once each
 
-class DirectoryStore:
+class DirectoryStore(Layout):
     """``create=False`` (a read-only use such as ``status``): :meth:`open` makes no directory,
     and a store that does not exist yet lists as empty; ``writes=False`` (default: ``create``): nothing
     is written, not even the clock probe of :meth:`now` (a command that only reads)."""
@@ -147,152 +151,10 @@ class DirectoryStore:
         parts = self._parts(key)
         return os.path.join(self.top, *parts), _meta_path(self.top, "/".join(parts))
 
-    def _ns(self, create: bool = False) -> int:
-        """A descriptor of the namespace's directory (``<base>/<prefix>``), never through a
-        symlink below the base."""
-        return self._dir([], create)
-
-    def _dir(self, parts: list[str], create: bool = False) -> int:
-        if self._bad_prefix:
-            raise StoreError(f"directory store {self.base}: refusing the prefix: {self._bad_prefix}")
-        return _open_dir(self.base, self._prefix_parts + parts, create)
-
-    def _where(self, parts: list[str]) -> str:
-        return "/".join(self._prefix_parts + parts)
-
     def _refused(self, e: _Link, key: str | None) -> StoreError:
         on_the_way = f" (on the way to {key!r})" if key else ""
         return StoreError(f"directory store {self.base}: refusing to follow the symlink {e.where!r} inside the "
                           f"store{on_the_way}; remove it")
-
-    @contextmanager
-    def _locked(self, key: str) -> Iterator[None]:
-        """An exclusive ``flock`` of ``key``'s lock file for the block, so that two writers'
-        check-then-replace of one key never interleave (two sidecars claiming the owner marker at
-        once would otherwise both pass the stamp check, and an older put finishing last would
-        replace a newer one). Across hosts this holds where the shared filesystem honours flock,
-        as NFS does. Blocking: called in a worker thread only."""
-        dfd = self._dir([META_DIR], create=True)
-        name = _lock_name(key)
-        try:
-            fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600, dir_fd=dfd)
-        except OSError as e:
-            if e.errno == errno.ELOOP:
-                raise _Link(self._where([META_DIR, name])) from None
-            raise
-        finally:
-            os.close(dfd)
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise StoreError(f"directory store {self.base}: the lock file "
-                                 f"{self._where([META_DIR, name])!r} is not a regular file; remove it")
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)  # releases the lock
-
-    def _has_record(self, rel: str) -> bool:
-        *head, name = rel.split("/")
-        try:
-            rfd = self._dir([META_DIR, *head])
-        except (FileNotFoundError, NotADirectoryError):
-            return False
-        try:
-            st = _lstat_at(rfd, _meta_name(name))
-            return st is not None and stat.S_ISREG(st.st_mode)
-        finally:
-            os.close(rfd)
-
-    def _clear_way(self, parts: list[str]) -> None:
-        """Make sure nothing on the way to the key ``parts`` is a symlink (:class:`_Link`), and
-        that no stale object stands in it: a file where a directory goes, or a directory of
-        objects where a file goes (removed with their records). What a concurrent delete removes
-        meanwhile (the directories it empties) is out of the way: the put makes them again."""
-        try:
-            fd = self._ns()
-        except FileNotFoundError:
-            return
-        try:
-            for i, part in enumerate(parts):
-                rel = "/".join(parts[:i + 1])
-                st = _lstat_at(fd, part)
-                if st is None:
-                    return
-                last = i == len(parts) - 1
-                if stat.S_ISLNK(st.st_mode):
-                    raise _Link(self._where(parts[:i + 1]))
-                if not last and stat.S_ISREG(st.st_mode):  # an object "a" where "a/b" must go
-                    self._check_objects(rel, [rel])
-                    if _unlink_durably(fd, part):  # (else a concurrent delete removed it and its record)
-                        _remove_durably(_meta_path(self.top, rel), self.base)
-                    return
-                if last and stat.S_ISDIR(st.st_mode):  # objects "a/..." where "a" must go
-                    if (sub := _child_dir_if(fd, part, self._where(parts))) is None:
-                        return
-                    try:
-                        below = _files_below(sub, parts, self._where)
-                    finally:
-                        os.close(sub)
-                    self._check_objects(rel, below)
-                    _rmtree_at(fd, part)
-                    self._remove_record_tree(parts)
-                    _fsync_dir(fd)
-                    return
-                if last or not stat.S_ISDIR(st.st_mode):
-                    return  # (something else in the way: the open that follows names it)
-                if (nfd := _child_dir_if(fd, part, self._where(parts[:i + 1]))) is None:
-                    return
-                os.close(fd)
-                fd = nfd
-        finally:
-            os.close(fd)
-
-    def _remove_record_tree(self, parts: list[str]) -> None:
-        """Remove the records' directory of the (removed) directory of objects ``parts``."""
-        try:
-            rfd = self._dir([META_DIR, *parts[:-1]])
-        except (FileNotFoundError, NotADirectoryError):
-            return
-        try:
-            st = _lstat_at(rfd, parts[-1])
-            if st is None:
-                return
-            if stat.S_ISLNK(st.st_mode):
-                raise _Link(self._where([META_DIR, *parts]))
-            if stat.S_ISDIR(st.st_mode):
-                if (sub := _child_dir_if(rfd, parts[-1], self._where([META_DIR, *parts]))) is None:
-                    return  # (pruned by a concurrent delete of its last records)
-                try:
-                    _files_below(sub, [META_DIR, *parts], self._where)  # refuses a symlink among them
-                finally:
-                    os.close(sub)
-                _rmtree_at(rfd, parts[-1])
-                _fsync_dir(rfd)
-        finally:
-            os.close(rfd)
-
-    def _check_objects(self, where: str, keys: list[str]) -> None:
-        """Only stored objects (with their records) may be replaced: anything else in the way is
-        not ours to remove. One a concurrent delete removed meanwhile is not in the way, nor a
-        directory (of other keys) a put made in its place since."""
-        for key in keys:
-            if not self._has_record(key) and not self._gone(key.split("/")):
-                raise StoreError(f"directory store {self.top}: {where!r} is in the way "
-                                 "and is not a stored object (something else wrote it); remove it")
-
-    def _gone(self, parts: list[str]) -> bool:
-        """Whether no object stands at ``parts`` now (nothing, or a directory of other keys)."""
-        if (found := self._target(parts, data=True)) is None:
-            return True
-        os.close(found[0])
-        return False
-
-    def _clean_temps(self) -> None:
-        """Remove the temp files crashed writers left in this namespace (once, before this writer's
-        first put); a nested namespace's are never touched (:func:`_clean_temps_below`)."""
-        with suppress(FileNotFoundError, NotADirectoryError):
-            _clean_temps_below(self._ns())
-        self._temps_cleaned = True
 
     async def _run(self, fn: Callable[..., T], *args: object, key: str | None = None) -> T:
         try:
@@ -363,6 +225,7 @@ class DirectoryStore:
             finally:
                 if not renamed:  # superseded, or failed: nothing written
                     _unlink_quietly(dfd, tmp)
+                os.close(fd)  # (the temp's lock: see _new_temp)
                 os.close(dfd)
 
         return await self._run(write, key=key)
@@ -398,10 +261,11 @@ class DirectoryStore:
             "mode": meta.mode,
             "version": meta.version,
             "data_mtime_ns": written.st_mtime_ns,
+            "stored_ns": written.st_ctime_ns,
         }
         _write_atomic(meta_path, json.dumps(record).encode(), top=self.base)
         return True, ObjectInfo(key, meta.size, meta.sha256, meta.mtime_ns, meta.mode, str(written.st_mtime_ns),
-                                meta.version)
+                                meta.version, written.st_ctime_ns / 1e9)
 
     def _record(self, parts: list[str]) -> dict | None:
         """The key ``parts``' record, or None when there is none that can be read (a symlink on
@@ -417,8 +281,8 @@ class DirectoryStore:
 
     def _info(self, key: str, st: os.stat_result, rec: dict | None) -> ObjectInfo:
         own = key.startswith(OWN_PREFIX)
-        # the store's clock: the inode's change time (set by the kernel at the put's rename or the
-        # stamp's utime, never by a copy tool), where an own object's mtime is a stamp
+        # the store's clock: when the put wrote it (see the module's docstring); a record-less
+        # object's inode change time, where an own object's mtime is a stamp
         modified = st.st_ctime_ns / 1e9
         # a stamp is never a wall-clock time (see fence.next_stamp): a copied file's mtime is not one
         version = st.st_mtime_ns if own and 0 <= st.st_mtime_ns < MAX_STAMP_MTIME else 0
@@ -428,6 +292,8 @@ class DirectoryStore:
             if not isinstance(rec["sha256"], str):
                 raise TypeError("no sha256")  # a record that vouches for nothing: unverified
             version = _bounded(rec.get("version", 0 if not own else rec.get("mtime_ns", 0)))
+            with suppress(ValueError, TypeError, OverflowError):  # (a record of an older release has none)
+                modified = _bounded(rec.get("stored_ns", 0)) / 1e9 or modified
             # A record is removed before its data is replaced, so one that is there describes the
             # last complete put: when the data file no longer matches it (copied without mtimes,
             # or changed by something else) its sha256 is still what the bytes must be, and a
@@ -508,10 +374,11 @@ class DirectoryStore:
 
     def _walk_dir(self, dfd: int, rfd: int | None, parts: list[str], prefix: str) -> Iterator[ObjectInfo]:
         """The objects below the directory ``dfd`` (key path ``parts``; ``rfd``: its records'
-        directory, or None), depth first: it holds one descriptor per level. A symlink is neither
-        listed nor descended into: it is named in one warning (the objects below it are unseen,
-        which never counts as deleted)."""
-        for entry in list(os.scandir(dfd)):
+        directory, or None), depth first in key order (a directory's entries sorted as the keys
+        below them sort: ``a.txt`` before ``a/b``): it holds one descriptor per level. A symlink is
+        neither listed nor descended into: it is named in one warning (the objects below it are
+        unseen, which never counts as deleted)."""
+        for entry in sorted(os.scandir(dfd), key=_key_order):
             if entry.name.startswith(TMP_PREFIX) or (not parts and entry.name == META_DIR):
                 continue
             sub = parts + [entry.name]
@@ -589,6 +456,8 @@ class DirectoryStore:
             os.close(self._ns())
         except FileNotFoundError:
             return False  # nothing stored here yet (and nothing made for a delete)
+        if not self._present(parts):
+            return False  # (no lock file made for it either)
         with self._locked(key):
             if version is not None:
                 try:
@@ -610,42 +479,22 @@ class DirectoryStore:
                     os.close(dfd)
         if not any(removed):
             return False
-        # Prune directories left empty, up to (not including) the namespace and its records.
-        self._prune(parts[:-1])
+        # Prune directories left empty, up to (not including) the namespace and its records; the
+        # namespace's last object takes its lock files and directories with it.
+        emptied = self._prune(parts[:-1])
         self._prune([META_DIR, *parts[:-1]], keep=1)
+        if emptied:
+            self._drop_locks()
         return True
 
-    def _target(self, parts: list[str], data: bool) -> tuple[int, str] | None:
-        """The open directory and name of the file ``parts`` (below the namespace) to remove, or
-        None when it is not there (for data: a directory of other keys standing there means this
-        object is gone); :class:`_Link` when a symlink is on its way or in its place."""
-        try:
-            dfd = self._dir(parts[:-1])
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-        st = _lstat_at(dfd, parts[-1])
-        if st is not None and stat.S_ISLNK(st.st_mode):
-            os.close(dfd)
-            raise _Link(self._where(parts))
-        if st is None or (data and stat.S_ISDIR(st.st_mode)):
-            os.close(dfd)
-            return None
-        return dfd, parts[-1]
-
-    def _prune(self, dirs: list[str], keep: int = 0) -> None:
-        """Remove the directories ``dirs`` (below the namespace) left empty, deepest first, but
-        never the first ``keep`` of them."""
-        for depth in range(len(dirs), keep, -1):
-            try:
-                pfd = self._dir(dirs[:depth - 1])
-            except (OSError, _Link):
-                return
-            try:
-                os.rmdir(dirs[depth - 1], dir_fd=pfd)  # refuses a symlink (ENOTDIR) or a full one
-            except OSError:
-                return
-            finally:
-                os.close(pfd)
+    def _present(self, parts: list[str]) -> bool:
+        """Whether the key ``parts`` has a data file or a record (a delete of neither changes
+        nothing: it takes no lock)."""
+        for target, data in ((parts, True), ([META_DIR, *parts[:-1], _meta_name(parts[-1])], False)):
+            if (where := self._target(target, data)) is not None:
+                os.close(where[0])
+                return True
+        return False
 
     async def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:
         """Walked in a worker thread LIST_BATCH entries at a time, each batch yielded as it is read:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -20,6 +21,10 @@ from sidecar.store.base import OWN_NAMESPACE, Source
 
 META_DIR = ".sidecar-meta"
 TMP_PREFIX = ".sidecar-tmp-"
+#: A temp file is removed by another writer only when no live writer holds its ``flock`` and it
+#: is at least this old by the store's clock (its mtime against a file just made beside it): the
+#: age covers the instant between a temp's creation and its writer's lock.
+TEMP_GRACE_NS = 60 * 10**9
 #: Entries read per worker-thread call while listing.
 LIST_BATCH = 256
 LONG_META_PREFIX = ".sidecar-long-"
@@ -241,26 +246,34 @@ def _unlink_durably(dfd: int, name: str) -> bool:
 
 
 def _new_temp(dfd: int) -> tuple[str, int]:
+    """A new temp file in ``dfd``: its name and its descriptor, ``flock``'ed until closed, which
+    tells every other writer's clean-up that it is in flight (:func:`_clean_temps_below`)."""
     name = TMP_PREFIX + secrets.token_hex(6)
-    return name, os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
-                         dir_fd=dfd)
+    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # (a clean-up may hold it for an instant: it then sees it new)
+    except BaseException:
+        os.close(fd)
+        _unlink_quietly(dfd, name)
+        raise
+    return name, fd
 
 
 def _fill(fd: int, data: "bytes | Source", mode: int, mtime_ns: int | None) -> os.stat_result:
-    """Write ``data`` to the temp file ``fd``, set its mode and mtime, fsync and close it; its
-    final status."""
-    with os.fdopen(fd, "wb") as f:
+    """Write ``data`` to the temp file ``fd``, set its mode and mtime and fsync it; its final
+    status. ``fd`` stays open (and the temp locked) until the caller has renamed it."""
+    with os.fdopen(fd, "wb", closefd=False) as f:
         if isinstance(data, bytes):
             f.write(data)
         else:  # streamed; raises after the last chunk if the source changed
             for chunk in data.iter_sync():
                 f.write(chunk)
         f.flush()
-        os.fchmod(f.fileno(), mode & 0o7777)
+        os.fchmod(fd, mode & 0o7777)
         if mtime_ns is not None:
-            os.utime(f.fileno(), ns=(mtime_ns, mtime_ns))
-        os.fsync(f.fileno())
-        return os.fstat(f.fileno())
+            os.utime(fd, ns=(mtime_ns, mtime_ns))
+        os.fsync(fd)
+        return os.fstat(fd)
 
 
 def _nearest_dir(top: str, parts: list[str]) -> int:
@@ -301,11 +314,12 @@ def _unlink_quietly(dfd: int, name: str) -> None:
         os.unlink(name, dir_fd=dfd)
 
 
-def _clean_temps_below(fd: int, top: bool = True) -> None:
-    """Remove the temp files below the namespace directory ``fd`` (closed after). A temp's name
-    does not say whose it is, so a directory below that holds ``.sidecar`` or ``.sidecar-meta`` is
-    never entered: it is a nested namespace (its sidecar claims it, making ``.sidecar/``, before
-    its first temp file), whose live writers' temp files are theirs. No symlink is followed."""
+def _clean_temps_below(fd: int, now_ns: int, top: bool = True) -> None:
+    """Remove the temp files crashed writers left below the namespace directory ``fd`` (closed
+    after): only those no live writer holds (:func:`_new_temp`) and at least :data:`TEMP_GRACE_NS`
+    old at ``now_ns`` (the store's clock: :func:`_clock_in`). A directory below that holds
+    ``.sidecar`` or ``.sidecar-meta`` is never entered: it is a nested namespace, whose writers
+    clean their own. No symlink is followed."""
     try:
         entries = list(os.scandir(fd))
         if not top and any(e.name in (OWN_NAMESPACE, META_DIR) for e in entries):
@@ -313,9 +327,26 @@ def _clean_temps_below(fd: int, top: bool = True) -> None:
         for e in entries:
             with contextlib.suppress(OSError, _Link):  # gone meanwhile, or a symlink: never followed
                 if e.is_dir(follow_symlinks=False):
-                    _clean_temps_below(_child_dir(fd, e.name, e.name), top=False)
+                    _clean_temps_below(_child_dir(fd, e.name, e.name), now_ns, top=False)
                 elif e.name.startswith(TMP_PREFIX) and e.is_file(follow_symlinks=False):
-                    _unlink_quietly(fd, e.name)
+                    _remove_if_dead(fd, e.name, now_ns)
+    finally:
+        os.close(fd)
+
+
+def _remove_if_dead(dfd: int, name: str, now_ns: int) -> None:
+    """Unlink the temp file ``name`` unless a live writer holds it or it is new (see
+    :func:`_clean_temps_below`); checked and removed under its lock, never through a symlink.
+    (Opened for writing, as a lock over NFS needs, but never written.)"""
+    fd = os.open(name, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return  # its writer is alive
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode) and now_ns - st.st_mtime_ns >= TEMP_GRACE_NS:
+            os.unlink(name, dir_fd=dfd)
     finally:
         os.close(fd)
 
@@ -335,10 +366,51 @@ def _write_atomic(path: str, data: "bytes | Source", mode: int = 0o600, mtime_ns
         except BaseException:
             _unlink_quietly(dfd, tmp)
             raise
+        finally:
+            os.close(fd)
         _fsync_dir(dfd)
         return final
     finally:
         os.close(dfd)
+
+
+def _is_lock(name: str) -> bool:
+    return name == OWN_LOCK or name.startswith(KEY_LOCK_PREFIX)
+
+
+def _still_linked(dfd: int, name: str, fd: int) -> bool:
+    """Whether the (locked) file ``fd`` is still the one called ``name`` in ``dfd``: a lock file
+    removed with its emptied namespace (:func:`_drop_lock`) while a writer waited for it locks
+    nothing any more, and the writer takes the lock again."""
+    st, here = os.fstat(fd), _lstat_at(dfd, name)
+    return here is not None and (here.st_dev, here.st_ino) == (st.st_dev, st.st_ino)
+
+
+def _drop_lock(dfd: int, name: str) -> bool:
+    """Remove the lock file ``name`` in ``dfd`` under its lock, unless a writer holds it (False:
+    the namespace is in use); never through a symlink."""
+    try:
+        fd = os.open(name, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+    except FileNotFoundError:
+        return True
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        if _still_linked(dfd, name, fd):
+            os.unlink(name, dir_fd=dfd)
+        return True
+    finally:
+        os.close(fd)
+
+
+def _key_order(entry: os.DirEntry) -> str:
+    """Where ``entry``'s keys sort among its siblings' (by code point, as Azure and the memory
+    store list): a directory's keys all begin with its name and ``/``."""
+    return entry.name + "/" if entry.is_dir(follow_symlinks=False) else entry.name
 
 
 def _lock_name(key: str) -> str:
@@ -353,17 +425,18 @@ def _clock_at(dfd: int, close: bool = False) -> float:
     ``dfd`` (closed after, with ``close``), in seconds since the epoch (what the store's objects'
     ``modified`` is read on)."""
     try:
-        return _clock_in(dfd)
+        return _clock_in(dfd) / 1e9
     finally:
         if close:
             os.close(dfd)
 
 
-def _clock_in(dfd: int) -> float:
-    name = f"{TMP_PREFIX}clock-{os.getpid()}-{secrets.token_hex(4)}"
-    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dfd)
+def _clock_in(dfd: int) -> int:
+    """:func:`_clock_at` in nanoseconds: the probe is a temp file like a put's (locked while it
+    lives, so no other writer's clean-up removes it under it)."""
+    name, fd = _new_temp(dfd)
     try:
-        return os.fstat(fd).st_ctime_ns / 1e9
+        return os.fstat(fd).st_ctime_ns
     finally:
+        _unlink_quietly(dfd, name)  # (while still locked)
         os.close(fd)
-        _unlink_quietly(dfd, name)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
+import time
 
 import pytest
 
@@ -42,6 +43,8 @@ def test_a_crashed_writers_temp_files_are_removed(tmp_path):
                      store / ".sidecar-meta" / ".checkpoints" / ".sidecar-tmp-ba9876543210"):
         leftover.parent.mkdir(parents=True)
         leftover.write_bytes(b"x" * 100_000)
+        crashed_at = time.time_ns() - 3600 * 10**9  # its writer died an hour ago (no lock on it)
+        os.utime(leftover, ns=(crashed_at, crashed_at))
     work = tmp_path / "w"
     write_atomic(work / ".checkpoints" / "ctx" / "c.json", b"new")
     r = run_cli("run", "--", "true", cwd=work, env=sidecar_env(SIDECAR_STORE=str(store)))

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import threading
+import time
 
 import anyio
 import anyio.from_thread
@@ -32,7 +34,7 @@ def _neighbour(store: DirectoryStore, key: str, names: str = "bcdefghijk") -> st
     head = key.rpartition("/")[0]
     for n in names:
         other = f"{head}/{n}.json"
-        if directory_mod._lock_name(other) != directory_mod._lock_name(key):
+        if dirfs_mod._lock_name(other) != dirfs_mod._lock_name(key):
             return other
     raise AssertionError("no neighbour with a lock of its own")
 
@@ -122,7 +124,10 @@ def test_the_first_puts_crash_leftover_cleanup_spares_a_concurrent_puts_temp(tmp
     not remove the temp file another of them is writing."""
     top = tmp_path / "store"
     top.mkdir()
-    (top / (directory_mod.TMP_PREFIX + "leftover")).write_bytes(b"crashed")
+    leftover = top / (directory_mod.TMP_PREFIX + "leftover")
+    leftover.write_bytes(b"crashed")
+    crashed_at = time.time_ns() - 3600 * 10**9  # its writer died an hour ago (no lock on it)
+    os.utime(leftover, ns=(crashed_at, crashed_at))
     writing, release = threading.Event(), threading.Event()
     real = DirectoryStore._clean_temps
     calls = []

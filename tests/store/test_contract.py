@@ -247,6 +247,21 @@ async def test_unsafe_keys_refused(make_store, key):
     assert await listed(store) == {}
 
 
+async def test_a_listing_comes_in_key_order(make_store, monkeypatch):
+    """Every store lists in key order (Azure's lexicographic order), whatever order the objects
+    were written in: a key that sorts before ``/`` (``a.txt``, ``a-b``) comes before the keys
+    below ``a/``, and ``sessions`` shows the same order on every store."""
+    from sidecar.store import directory
+
+    monkeypatch.setattr(directory, "LIST_BATCH", 2)
+    store = await make_store()
+    keys = ["r/a/x", "r/b", "r/a.txt", "r/A", "r/a0", "r/a-b", "r/a/y/z", "r/a/y.json", "q", "s/0/1", "r/a/_"]
+    for k in keys:
+        await store.put(k, k.encode(), meta(k.encode()))
+    assert [info.key async for info in store.list()] == sorted(keys)
+    assert [info.key async for info in store.list("r/a")] == sorted(k for k in keys if k.startswith("r/a"))
+
+
 async def test_a_listing_over_several_pages_or_batches_holds_each_object_once(make_store, monkeypatch):
     """Listings come in pages (Azure) or worker-thread batches (directory): made tiny here, every
     object still comes exactly once, by prefix too."""

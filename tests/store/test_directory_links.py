@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from sidecar.store.base import ObjectMeta, StoreError
-from sidecar.store.directory import DirectoryStore, _lock_name
+from sidecar.store.directory import DirectoryStore
+from sidecar.store.dirfs import _lock_name
 
 pytestmark = pytest.mark.anyio
 

@@ -12,6 +12,7 @@ import pytest
 
 import sidecar.store.directory as directory
 import sidecar.store.dirfs as dirfs
+import sidecar.store.dirlayout as dirlayout
 from sidecar.store.base import ObjectMeta
 from sidecar.store.directory import DirectoryStore
 
@@ -30,7 +31,7 @@ async def test_a_put_whose_directories_are_pruned_on_its_way_stores_its_object(t
     await store.open()
     await store.put("u0/ctx1/old.json", b"old", meta(b"old", 1))
     top = tmp_path / "store" / "ns"
-    real = directory._lstat_at
+    real = dirlayout._lstat_at
     fired = []
 
     def lstat_then_prune(dfd: int, name: str):
@@ -43,7 +44,7 @@ async def test_a_put_whose_directories_are_pruned_on_its_way_stores_its_object(t
                 os.rmdir(top / "u0")
         return st
 
-    monkeypatch.setattr(directory, "_lstat_at", lstat_then_prune)
+    monkeypatch.setattr(dirlayout, "_lstat_at", lstat_then_prune)
     await store.put("u0/ctx1/new.json", b"new", meta(b"new", 2))
     assert fired
     assert (top / "u0" / "ctx1" / "new.json").read_bytes() == b"new"
@@ -60,7 +61,7 @@ async def test_a_stale_object_a_delete_removes_on_a_puts_way_is_not_in_its_way(t
     store = DirectoryStore(str(tmp_path / "store"), "ns")
     await store.open()
     await store.put(stale, b"old", meta(b"old", 1))
-    real = directory._lstat_at
+    real = dirlayout._lstat_at
     fired = []
 
     def lstat_then_delete(dfd: int, name: str):
@@ -70,7 +71,7 @@ async def test_a_stale_object_a_delete_removes_on_a_puts_way_is_not_in_its_way(t
             store._remove(stale, stale.split("/"), None)  # the delete's own steps, in this thread
         return st
 
-    monkeypatch.setattr(directory, "_lstat_at", lstat_then_delete)
+    monkeypatch.setattr(dirlayout, "_lstat_at", lstat_then_delete)
     await store.put(f"{stale}/x/new.json", b"new", meta(b"new", 2))
     assert fired
     data, info = await store.get(f"{stale}/x/new.json")
@@ -140,7 +141,7 @@ async def test_a_records_directory_a_delete_prunes_before_a_put_removes_it_is_no
         seen.append(name)
         return name == "a" and seen.count("a") == 2  # the first is the data's, on the put's way
 
-    await _replace_dir_by_file(tmp_path, monkeypatch, directory, "_lstat_at", records_dir_seen, ["a/x", "a/sub/y"],
+    await _replace_dir_by_file(tmp_path, monkeypatch, dirlayout, "_lstat_at", records_dir_seen, ["a/x", "a/sub/y"],
                                after=True)
 
 
@@ -158,7 +159,7 @@ async def test_a_stale_object_replaced_by_a_directory_of_other_keys_is_not_in_a_
     store = DirectoryStore(str(tmp_path / "store"), "ns")
     await store.open()
     await store.put("a", b"old", meta(b"old", 1))
-    real = directory._lstat_at
+    real = dirlayout._lstat_at
     fired = []
 
     def lstat_then_delete_and_put(dfd: int, name: str):
@@ -169,7 +170,7 @@ async def test_a_stale_object_replaced_by_a_directory_of_other_keys_is_not_in_a_
             anyio.from_thread.run(store.put, "a/c", b"c", meta(b"c", 3))
         return st
 
-    monkeypatch.setattr(directory, "_lstat_at", lstat_then_delete_and_put)
+    monkeypatch.setattr(dirlayout, "_lstat_at", lstat_then_delete_and_put)
     await store.put("a/b", b"b", meta(b"b", 2))
     monkeypatch.undo()
     assert fired

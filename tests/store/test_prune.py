@@ -7,6 +7,7 @@ Also the store's clock and its conditional delete."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import threading
@@ -19,9 +20,10 @@ import anyio
 import pytest
 
 from sidecar.fence import OWNER_KEY, Fence, Fenced, Taken, read_marker, take_for_restore
-from sidecar.namespaces import walk
+from sidecar.namespaces import StoreClock, walk
 from sidecar.pruner import SKIPPED, Pruner
 from sidecar.store.base import ObjectMeta
+from sidecar.store.directory import DirectoryStore
 from support import run_cli, sidecar_env
 
 pytestmark = pytest.mark.anyio
@@ -163,6 +165,27 @@ async def test_a_namespace_claimed_during_prune_keeps_every_object(make_store):
                   taken=Taken(5, marker["generation"], True, False, True))
     await fence.claim()
     assert fence.writable_at <= time.monotonic()
+
+
+async def test_a_pruned_namespace_leaves_nothing_behind(make_store):
+    """Every object of an ended namespace goes, and on a directory store its lock files (dozens:
+    one per stripe its keys hashed to) and directories go with it; a live namespace beside it
+    keeps its own."""
+    ended, live = await make_store("s1"), await make_store("s2")
+    for store in (ended, live):
+        for i in range(40):  # keys on most of the lock stripes
+            await store.put(f".checkpoints/k{i}", b"k", ObjectMeta.of(b"k", 1, 0o600, version=1))
+        await seed(store, store.description, points=2)
+    await put_marker(ended, "s1", heartbeat=0, interval=900)  # released: eligible at --older-than 0s
+    await put_marker(live, "s2", heartbeat=time.time(), interval=900)
+    top = await make_store()
+    clock = await StoreClock.of(top)
+    pruner = Pruner(lambda ns: _fresh(make_store, ns), clock.now, 0.2, 0.0, 0.0, 60.0)
+    [await pruner.prune(ns) async for ns in walk(top, 60.0, clock)]
+    assert {i.key.split("/")[0] async for i in top.list()} == {"s2"}
+    if isinstance(top, DirectoryStore):
+        assert not os.path.exists(os.path.join(top.top, "s1")), os.listdir(os.path.join(top.top, "s1"))
+        assert len([n for n in os.listdir(os.path.join(live.top, ".sidecar-meta")) if "lock" in n]) > 10
 
 
 class _Fresh:
