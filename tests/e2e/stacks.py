@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import shutil
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import anyio
 
+from sidecar.store.base import NotFound
 from sidecar.store.registry import make_store
 
 AGENTSERVER_ROOT = ".agentserver"
@@ -103,13 +105,18 @@ class StoreView:
         try:
             await store.open()
             keys = [i.key async for i in store.list(prefix)
-                    if not i.key.startswith(".sidecar") and not i.key.rsplit("/", 1)[-1].startswith(".sidecar-")]
-            return {key: (await store.get(key))[0] for key in keys}
+                    if not any(part.startswith(".sidecar") for part in i.key.split("/"))]
+            out = {}
+            for key in keys:
+                with contextlib.suppress(NotFound):  # replaced or deleted since the listing
+                    out[key] = (await store.get(key))[0]
+            return out
         finally:
             await store.aclose()
 
     def files(self, prefix: str = "") -> dict[str, bytes]:
-        """Every object under ``prefix`` (the sidecar's own bookkeeping left out), by key."""
+        """Every object under ``prefix`` (the sidecar's own bookkeeping left out), by key; one
+        deleted between the listing and its read is left out too (the callers poll)."""
         return anyio.run(self._files, prefix)
 
     def stored(self, roots: tuple[str, ...] = AGENT_FRAMEWORK_ROOTS) -> dict[str, str]:
