@@ -369,9 +369,10 @@ def test_control_running_response_is_lost_without_state_root(workdir, tmp_path, 
     assert second.stop() == 0
 
 
-@pytest.mark.parametrize("stream", [False, True], ids=["poll", "stream"])
+@pytest.mark.parametrize("stack,stream", [("latest", False), ("latest", True), ("today", False)],
+                         ids=["latest-poll", "latest-stream", "today-poll"], indirect=["stack"])
 def test_sidecar_recovers_running_response_after_repeated_crashes(
-    workdir, tmp_path, latest_python, start_host, sidecar_cli, stream
+    workdir, tmp_path, stack: Stack, start_host, sidecar_cli, stream
 ):
     state_root = tmp_path / "state"
     store = tmp_path / "store"
@@ -389,7 +390,7 @@ def test_sidecar_recovers_running_response_after_repeated_crashes(
     wrapper = agentserver_wrapper(store)
 
     def start():
-        return start_host(workdir, latest_python, env=env, wrapper=wrapper, app=RESILIENT_APP, ready_timeout=60)
+        return start_host(workdir, stack.python, env=env, wrapper=wrapper, app=RESILIENT_APP, ready_timeout=60)
 
     first = start()
     response_id, reader = start_response(first, stream)
