@@ -105,7 +105,7 @@ def _installed_version(python: Path, dist: str = HOSTING_DIST) -> str | None:
 def ensure_venv(stack: str) -> str:
     """Path of the python of the ``stack`` agent venv (one of :data:`STACKS`); builds it if missing.
 
-    ``AGENT_VENV_ISSUE`` / ``AGENT_VENV_LATEST`` / ``AGENT_VENV_TODAY`` point at an existing (or to-be-created) venv;
+    ``AGENT_VENV_<STACK>`` (``AGENT_VENV_ISSUE``, ...) points at an existing (or to-be-created) venv;
     the default is :func:`venv_dir`'s cached one. A missing venv is created with
     ``python -m venv`` and ``pip install -r tests/agent_stacks/constraints-<stack>.txt``
     under a file lock, so concurrent test processes build it once.
