@@ -33,7 +33,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 STACKS_DIR = REPO_ROOT / "tests" / "agent_stacks"
 APPROVAL_APP = REPO_ROOT / "examples" / "approval_agent" / "app.py"
 
-STACKS = ("issue", "latest")
+STACKS = ("issue", "latest", "today")
 HOSTING_DIST = "agent-framework-foundry-hosting"
 
 #: The sample workflow's final output for a given decision.
@@ -103,9 +103,9 @@ def _installed_version(python: Path, dist: str = HOSTING_DIST) -> str | None:
 
 
 def ensure_venv(stack: str) -> str:
-    """Path of the python of the ``stack`` agent venv ("issue" or "latest"); builds it if missing.
+    """Path of the python of the ``stack`` agent venv (one of :data:`STACKS`); builds it if missing.
 
-    ``AGENT_VENV_ISSUE`` / ``AGENT_VENV_LATEST`` point at an existing (or to-be-created) venv;
+    ``AGENT_VENV_<STACK>`` (``AGENT_VENV_ISSUE``, ...) points at an existing (or to-be-created) venv;
     the default is :func:`venv_dir`'s cached one. A missing venv is created with
     ``python -m venv`` and ``pip install -r tests/agent_stacks/constraints-<stack>.txt``
     under a file lock, so concurrent test processes build it once.

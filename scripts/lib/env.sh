@@ -7,7 +7,7 @@
 CACHE_ROOT=${SIDECAR_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/checkpoint-sidecar}
 AZURITE_VERSION=3.35.0
 
-# agent_venv issue|latest: the pinned agent host's venv, keyed by its constraints file.
+# agent_venv issue|latest|today: the pinned agent host's venv, keyed by its constraints file.
 agent_venv() {
   local constraints=tests/agent_stacks/constraints-$1.txt
   echo "$CACHE_ROOT/agent-$1-$(sha256sum "$constraints" | cut -c1-12)"

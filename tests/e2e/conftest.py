@@ -1,6 +1,8 @@
 """Fixtures for the end-to-end suite: the real agent host, optionally behind the sidecar.
 
 * ``issue_python`` / ``latest_python``: the python of the pinned agent venvs (built on first use).
+* ``stack`` / ``view``: the agent stack (default "issue") and the store (default: a directory; or
+  Azure on Azurite) a test runs on, both parametrizable with ``indirect=True`` (tests/e2e/stacks.py).
 * ``workdir``: an empty working directory for the host (its ``.checkpoints`` lands here).
 * ``start_host``: starts an :class:`~agenthost.AgentHost` and waits until it is ready; every host
   is killed (process group) at teardown, whatever the test did.
@@ -23,6 +25,7 @@ if _TESTS not in sys.path:
 
 import agenthost  # noqa: E402
 from agenthost import REPO_ROOT, AgentHost, ensure_venv  # noqa: E402
+from tests.e2e.stacks import Stack, StoreView  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -33,6 +36,22 @@ def issue_python() -> str:
 @pytest.fixture(scope="session")
 def latest_python() -> str:
     return ensure_venv("latest")
+
+
+@pytest.fixture
+def stack(request) -> Stack:
+    name = getattr(request, "param", "issue")
+    return Stack(name, ensure_venv(name))
+
+
+@pytest.fixture(params=["directory", pytest.param("azure", marks=pytest.mark.azure)])
+def view(request, tmp_path) -> StoreView:
+    if request.param == "directory":
+        return StoreView("directory", str(tmp_path / "store"), {})
+    from tests.azurite import unique_container
+
+    azurite = request.getfixturevalue("azurite")
+    return StoreView("azure", azurite.container_url(unique_container("e2e")), azurite.env())
 
 
 @pytest.fixture

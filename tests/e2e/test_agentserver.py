@@ -6,7 +6,9 @@ bindings), ``responses/``, ``tasks/`` (resilient background tasks) and ``streams
 the compute loses the tree; the sidecar mirrors it to the store (under the root's basename) and
 restores it before the host starts.
 
-a) A paused workflow (examples/approval_agent) is continued after the state root is gone.
+a) A paused workflow (examples/approval_agent) is continued after the state root is gone: on the
+   pinned newest stack and on the stack a plain install resolves today (core 1.26.0), on a
+   directory and on Azure (Azurite).
 b) A *running* background response (examples/resilient_agent, five stages) survives two crashes
    (SIGKILL of sidecar and host together, then the state root deleted), one in stage two and
    one in stage four, and completes with its one output item; with ``"stream": true`` too.
@@ -34,6 +36,7 @@ import pytest
 
 import agenthost
 from agenthost import DONE_PREFIX, REPO_ROOT, TERMINAL_EVENTS, AgentHost, parse_sse, wait_for
+from tests.e2e.stacks import Stack, StoreView, disk_files
 
 pytestmark = pytest.mark.e2e
 
@@ -82,15 +85,6 @@ def files_under(root: Path) -> list[str]:
 
 
 # -- (a) the approval workflow ----------------------------------------------------------------
-
-
-def holds_paused_checkpoint(root: Path, response_id: str, call_id: str) -> bool:
-    """The legacy workflow-agent host keeps each turn's checkpoints in store ``checkpoints/<response_id>``."""
-    stores = read_state_stores(root) or {}
-    return any(
-        call_id in (item.get("value", {}).get("pending_request_info_events") or {})
-        for item in stores.get(f"checkpoints/{response_id}", {}).values()
-    )
 
 
 def assert_approved(outcome, host: AgentHost) -> None:
@@ -274,49 +268,55 @@ def recreate_compute(state_root: Path) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def test_control_continuation_fails_without_state_root(workdir, tmp_path, latest_python, start_host):
-    state_root = tmp_path / "state"
-    env = {"AGENTSERVER_STATE_ROOT": str(state_root)}
-    first = start_host(workdir, latest_python, env=env)
+@pytest.mark.parametrize("stack", ["latest", "today"], indirect=True)
+def test_control_continuation_fails_without_state_root(workdir, stack: Stack, start_host):
+    first = start_host(workdir, stack.python, env=stack.env)
     response_id, call_id = first.first_request()
     assert first.stop() == 0
-    assert holds_paused_checkpoint(state_root, response_id, call_id), files_under(state_root)
+    assert stack.holds_pause(disk_files(workdir, stack.roots), response_id, call_id), files_under(workdir)
 
-    recreate_compute(state_root)
-    second = start_host(workdir, latest_python, env=env)
+    stack.recreate_compute(workdir)
+    second = start_host(workdir, stack.python, env=stack.env)
     outcome = second.continue_(response_id, call_id)
     assert outcome.status == "failed" and outcome.text != APPROVED, f"continuation {outcome}"
     assert "Cannot find an existing workflow checkpoint" in json.dumps(outcome.error), str(outcome)
     assert second.stop() == 0
 
 
-@pytest.mark.parametrize("stop", ["sigterm", "sigkill"])
-def test_sidecar_continuation_after_state_root_loss(workdir, tmp_path, latest_python, start_host, sidecar_cli, stop):
-    state_root = tmp_path / "state"
-    store = tmp_path / "store"
-    env = {**sidecar_cli, "AGENTSERVER_STATE_ROOT": str(state_root)}
-    wrapper = agentserver_wrapper(store)
-    copy = store / state_root.name  # the root is stored under its basename
+@pytest.mark.parametrize(
+    "stack,view,stop",
+    [
+        ("latest", "directory", "sigterm"),
+        ("latest", "directory", "sigkill"),
+        ("today", "directory", "sigterm"),
+        pytest.param("today", "azure", "sigkill", marks=pytest.mark.azure),
+    ],
+    indirect=["stack", "view"],
+)
+def test_sidecar_continuation_after_state_root_loss(workdir, stack: Stack, view: StoreView, start_host, sidecar_cli,
+                                                    stop):
+    env = {**sidecar_cli, **view.env, **stack.env}
+    wrapper = [sys.executable, "-m", "sidecar", "run", "--http-addr", "", "--store", view.create().url, "--"]
 
-    first = start_host(workdir, latest_python, env=env, wrapper=wrapper, ready_timeout=60)
+    first = start_host(workdir, stack.python, env=env, wrapper=wrapper, ready_timeout=60)
     response_id, call_id = first.first_request()
     if stop == "sigterm":
         # The wrapper forwards SIGTERM, flushes, and exits with the host's code.
         assert first.stop(signal.SIGTERM) == 0, first.log_tail()
     else:
         wait_for(
-            lambda: holds_paused_checkpoint(copy, response_id, call_id),
+            lambda: stack.holds_pause(view.files(), response_id, call_id),
             STEP_TIMEOUT,
             f"the store to hold the checkpoint pending {call_id}",
-            lambda: f"; store holds {files_under(store)}{first.log_tail()}",
+            lambda: f"; store holds {sorted(view.files())}{first.log_tail()}",
         )
         crash(first)  # no forwarding, no final flush, no graceful stop of the host
-    assert holds_paused_checkpoint(copy, response_id, call_id), (
-        f"the store must hold the paused checkpoint; it has {files_under(store)}{first.log_tail()}"
+    assert stack.holds_pause(view.files(), response_id, call_id), (
+        f"the store must hold the paused checkpoint; it has {sorted(view.files())}{first.log_tail()}"
     )
 
-    recreate_compute(state_root)
-    second = start_host(workdir, latest_python, env=env, wrapper=wrapper, ready_timeout=60)
+    stack.recreate_compute(workdir)
+    second = start_host(workdir, stack.python, env=env, wrapper=wrapper, ready_timeout=60)
     assert_approved(second.continue_(response_id, call_id), second)
     assert second.stop(signal.SIGTERM) == 0, second.log_tail()
 
@@ -369,9 +369,10 @@ def test_control_running_response_is_lost_without_state_root(workdir, tmp_path, 
     assert second.stop() == 0
 
 
-@pytest.mark.parametrize("stream", [False, True], ids=["poll", "stream"])
+@pytest.mark.parametrize("stack,stream", [("latest", False), ("latest", True), ("today", False)],
+                         ids=["latest-poll", "latest-stream", "today-poll"], indirect=["stack"])
 def test_sidecar_recovers_running_response_after_repeated_crashes(
-    workdir, tmp_path, latest_python, start_host, sidecar_cli, stream
+    workdir, tmp_path, stack: Stack, start_host, sidecar_cli, stream
 ):
     state_root = tmp_path / "state"
     store = tmp_path / "store"
@@ -389,7 +390,7 @@ def test_sidecar_recovers_running_response_after_repeated_crashes(
     wrapper = agentserver_wrapper(store)
 
     def start():
-        return start_host(workdir, latest_python, env=env, wrapper=wrapper, app=RESILIENT_APP, ready_timeout=60)
+        return start_host(workdir, stack.python, env=env, wrapper=wrapper, app=RESILIENT_APP, ready_timeout=60)
 
     first = start()
     response_id, reader = start_response(first, stream)

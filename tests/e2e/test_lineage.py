@@ -9,17 +9,14 @@ then recreated from an "image" whose ``.checkpoints/`` is not empty:
   a warning), and its bytes never reach the store.
 
 Either way the continuation completes, and the store still holds every checkpoint it held. Both
-stores: a directory and Azure Blob Storage (Azurite, the real SDK).
+stores (the ``view`` fixture): a directory and Azure Blob Storage (Azurite, the real SDK).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import signal
-from pathlib import Path
 
-import anyio
 import pytest
 
 from agenthost import wait_for
@@ -30,51 +27,6 @@ pytestmark = pytest.mark.e2e
 
 USER = "alice"
 STRAY = ".checkpoints/caresp_dev/0000.json"  # what a developer's tree leaves in the image
-
-
-class DirectoryView:
-    def __init__(self, store: Path) -> None:
-        self.url = str(store)
-        self.env: dict[str, str] = {}
-        self.store = store
-
-    def stored(self) -> dict[str, str]:
-        """The sha256 of every stored file of the host's roots, by key."""
-        out = {}
-        for root in (".checkpoints", ".function_approvals"):
-            for p in sorted((self.store / root).rglob("*")):
-                if p.is_file() and not p.name.startswith(".sidecar-") and not p.name.endswith(".tmp"):
-                    out[str(p.relative_to(self.store))] = hashlib.sha256(p.read_bytes()).hexdigest()
-        return out
-
-
-class AzureView:
-    def __init__(self, azurite) -> None:
-        from tests.azurite import unique_container
-
-        self.url = azurite.container_url(unique_container("lineage"))
-        self.env = azurite.env()
-
-    def stored(self) -> dict[str, str]:
-        from sidecar.store.azure import AzureBlobStore
-
-        async def main() -> dict[str, str]:
-            store = AzureBlobStore.from_url(self.url, env=self.env, create=False)
-            try:
-                await store.open()
-                return {i.key: i.sha256 or "" async for i in store.list()
-                        if i.key.startswith((".checkpoints/", ".function_approvals/"))}
-            finally:
-                await store.aclose()
-
-        return anyio.run(main)
-
-
-@pytest.fixture(params=["directory", pytest.param("azure", marks=pytest.mark.azure)])
-def view(request, tmp_path):
-    if request.param == "directory":
-        return DirectoryView(tmp_path / "store")
-    return AzureView(request.getfixturevalue("azurite"))
 
 
 def _events(host, name: str) -> list[dict]:

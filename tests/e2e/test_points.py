@@ -5,6 +5,9 @@ drain writes a restore point of the paused state. Then its checkpoint files are 
 garbage on disk and mirrored by another ``run`` (whose drain writes a point of the damage). On a
 fresh compute (new, empty directories) ``restore --as-of`` the paused point's time fills the roots
 with the paused state, and the continuation, under ``sidecar run`` again, completes.
+
+On the issue stack (one file per checkpoint) and on today's stack (state under
+``$AGENTSERVER_STATE_ROOT``), on a directory and on Azure (Azurite).
 """
 
 from __future__ import annotations
@@ -21,27 +24,39 @@ import anyio
 import pytest
 
 from agenthost import wait_for
-from sidecar.store.directory import DirectoryStore
-from tests.e2e.test_recovery import APPROVED, assert_approved, paused_checkpoint
+from sidecar.store.registry import make_store
+from tests.e2e.stacks import Stack, StoreView, disk_files
+from tests.e2e.test_recovery import APPROVED, assert_approved
 from tests.pointkit import after
 
 pytestmark = pytest.mark.e2e
 
 USER = "alice"
 
+#: The stacks and stores the restore story runs on: the issue stack, and the stack a plain
+#: install resolves today on both stores.
+STACKS_AND_STORES = pytest.mark.parametrize(
+    "stack,view",
+    [("issue", "directory"), ("today", "directory"), pytest.param("today", "azure", marks=pytest.mark.azure)],
+    indirect=True,
+)
 
-def history(store: Path, env: dict[str, str]) -> list[dict]:
-    r = sidecar("history", "--json", "--store", str(store), cwd=store.parent, env=env)
+
+def history(view: StoreView, cwd: Path, env: dict[str, str]) -> list[dict]:
+    r = sidecar("history", "--json", "--store", view.url, cwd=cwd, env=env)
     assert r.returncode == 0, r.stderr
     return [json.loads(line) for line in r.stdout.splitlines()]
 
 
-def wait_past(store: Path, t: str) -> None:
+def wait_past(view: StoreView, t: str) -> None:
     """Until the store's clock is past ``t`` (a time history printed)."""
     async def go() -> None:
-        s = DirectoryStore(str(store))
-        await s.open()
-        await after(s, datetime.datetime.fromisoformat(t.replace("Z", "+00:00")).timestamp())
+        s = make_store(view.url, env=view.env)
+        try:
+            await s.open()
+            await after(s, datetime.datetime.fromisoformat(t.replace("Z", "+00:00")).timestamp())
+        finally:
+            await s.aclose()
 
     anyio.run(go)
 
@@ -51,43 +66,43 @@ def sidecar(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedP
                           capture_output=True, text=True, timeout=120)
 
 
-def test_restore_as_of_before_the_damage_resumes_on_a_fresh_compute(tmp_path, issue_python, start_host,
-                                                                       sidecar_wrapper):
-    store = tmp_path / "store"
-    wrapper, env = sidecar_wrapper(store)
+@STACKS_AND_STORES
+def test_restore_as_of_before_the_damage_resumes_on_a_fresh_compute(tmp_path, stack: Stack, view: StoreView,
+                                                                       start_host, sidecar_cli):
+    wrapper = [sys.executable, "-m", "sidecar", "run", "--http-addr", "", "--store", view.url, "--"]
+    env = {**sidecar_cli, **view.env, **stack.env}
     first_dir = tmp_path / "first"
     first_dir.mkdir()
-    first = start_host(first_dir, issue_python, wrapper=wrapper, env=env, ready_timeout=60)
+    first = start_host(first_dir, stack.python, wrapper=wrapper, env=env, ready_timeout=60)
     response_id, call_id = first.first_request(user=USER)
     assert first.stop(signal.SIGTERM) == 0, first.log_tail()
-    assert paused_checkpoint(store / ".checkpoints", response_id, call_id, USER) is not None, first.log_tail()
-    [paused] = history(store, env)  # the point the wrapper's drain wrote: the paused state
-    wait_past(store, paused["time"])
+    assert stack.holds_pause(view.files(), response_id, call_id, USER), first.log_tail()
+    [paused] = history(view, tmp_path, env)  # the point the wrapper's drain wrote: the paused state
+    wait_past(view, paused["time"])
 
     # The damage: every checkpoint file overwritten with garbage on disk, and mirrored (its drain
     # writes a point of the damage too).
-    damaged = sorted(p for p in (first_dir / ".checkpoints").rglob("*.json"))
+    damaged = stack.checkpoint_keys(disk_files(first_dir, stack.roots), response_id, USER)
     assert damaged
-    for p in damaged:
-        p.write_bytes(b"\x00garbage" + os.urandom(64))
-    r = sidecar("run", "--http-addr", "", "--store", str(store), "--", "true", cwd=first_dir, env=env)
+    for key in damaged:
+        (first_dir / key).write_bytes(b"\x00garbage" + os.urandom(64))
+    r = sidecar("run", "--http-addr", "", "--store", view.url, "--", "true", cwd=first_dir, env=env)
     assert r.returncode == 0, r.stderr
-    assert paused_checkpoint(store / ".checkpoints", response_id, call_id, USER) is None, "the damage was not mirrored"
-    assert [x["kind"] for x in history(store, env)] == ["incr", "full"]
+    assert not stack.holds_pause(view.files(), response_id, call_id, USER), "the damage was not mirrored"
+    assert [x["kind"] for x in history(view, tmp_path, env)] == ["incr", "full"]
 
     # A fresh compute: new, empty directories; the state as it was before the damage.
     fresh = tmp_path / "fresh"
     fresh.mkdir()
-    r = sidecar("restore", "--store", str(store), "--as-of", paused["time"], cwd=fresh, env=env)
+    r = sidecar("restore", "--store", view.url, "--as-of", paused["time"], cwd=fresh, env=env)
     assert r.returncode == 0, r.stderr
-    assert paused_checkpoint(fresh / ".checkpoints", response_id, call_id, USER) is not None
+    assert stack.holds_pause(disk_files(fresh, stack.roots), response_id, call_id, USER)
 
-    second = start_host(fresh, issue_python, wrapper=wrapper, env=env, ready_timeout=60)
+    second = start_host(fresh, stack.python, wrapper=wrapper, env=env, ready_timeout=60)
     outcome = second.continue_(response_id, call_id, user=USER)
     assert_approved(outcome, second)
     assert outcome.text == APPROVED
     assert second.stop(signal.SIGTERM) == 0, second.log_tail()
     # the sidecar mirrored the restored disk back: the store holds no garbage any more
-    wait_for(lambda: not any((store / ".checkpoints").rglob("*.json")) or all(
-        not p.read_bytes().startswith(b"\x00garbage") for p in (store / ".checkpoints").rglob("*.json")), 20,
-        "the store to hold the restored state", second.log_tail)
+    wait_for(lambda: not any(v.startswith(b"\x00garbage") for v in view.files().values()), 20,
+             "the store to hold the restored state", second.log_tail)

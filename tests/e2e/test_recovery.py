@@ -14,7 +14,6 @@ then restarts the host and continues the workflow with a ``function_call_output`
 
 from __future__ import annotations
 
-import base64
 import json
 import shutil
 import signal
@@ -23,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from agenthost import DONE_PREFIX, wait_for
+from tests.e2e.stacks import store_file_name
 
 pytestmark = pytest.mark.e2e
 
@@ -187,8 +187,7 @@ def test_sidecar_restores_from_azure_blob_storage(
 
 
 def _store_file(state_root: Path, store_name: str) -> Path:
-    encoded = base64.urlsafe_b64encode(store_name.encode()).decode().rstrip("=")
-    return state_root / "state_stores" / f"{encoded}.json"
+    return state_root / "state_stores" / store_file_name(store_name)
 
 
 @stream_modes

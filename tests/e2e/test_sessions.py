@@ -27,15 +27,18 @@ _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 class Session:
     """One session's compute: its working directory, its wrapper's health port, its host."""
 
-    def __init__(self, tmp_path: Path, sid: str, store: Path, sidecar_cli: dict[str, str]) -> None:
+    def __init__(self, tmp_path: Path, sid: str, store: Path | str, sidecar_cli: dict[str, str],
+                 env: dict[str, str] | None = None) -> None:
+        """``store``: a directory or a store URL; ``env``: added to the wrapper's (credentials, layout)."""
         self.sid = sid
         self.work = tmp_path / sid
         self.work.mkdir()
         self.health = free_port()
         self.wrapper = [sys.executable, "-m", "sidecar", "run", "--http-addr", f"127.0.0.1:{self.health}", "--"]
         self.env = {**sidecar_cli, "SIDECAR_STORE": str(store), "SIDECAR_LOG_FORMAT": "json",
-                    "FOUNDRY_AGENT_NAME": "approvals", "FOUNDRY_AGENT_SESSION_ID": sid}
-        self.namespace = store / "approvals" / sid
+                    "FOUNDRY_AGENT_NAME": "approvals", "FOUNDRY_AGENT_SESSION_ID": sid, **(env or {})}
+        self.prefix = f"approvals/{sid}/"  # its namespace in the store
+        self.namespace = Path(store) / "approvals" / sid  # the same, for a directory store
         self.host = None
 
     def start(self, start_host, python: str):

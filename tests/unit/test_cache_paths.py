@@ -20,10 +20,10 @@ def bash(expr: str, env: dict[str, str]) -> str:
 
 @pytest.mark.parametrize("where", ["SIDECAR_CACHE", "XDG_CACHE_HOME", "HOME"])
 def test_bash_and_python_name_the_same_cached_environments(where, tmp_path, monkeypatch):
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("SIDECAR_CACHE", "XDG_CACHE_HOME", "AGENT_VENV_ISSUE", "AGENT_VENV_LATEST")}
+    cleared = ("SIDECAR_CACHE", "XDG_CACHE_HOME", *(f"AGENT_VENV_{stack.upper()}" for stack in STACKS))
+    env = {k: v for k, v in os.environ.items() if k not in cleared}
     env[where] = str(tmp_path)
-    for k in ("SIDECAR_CACHE", "XDG_CACHE_HOME", "AGENT_VENV_ISSUE", "AGENT_VENV_LATEST"):
+    for k in cleared:
         monkeypatch.delenv(k, raising=False)
     monkeypatch.setenv(where, str(tmp_path))
     for stack in STACKS:
