@@ -21,7 +21,7 @@ import pytest
 
 from sidecar.errors import EXIT_CONFIG
 from sidecar.fence import OWNER_KEY
-from sidecar.store.base import ObjectMeta
+from sidecar.store.base import NotFound, ObjectMeta
 from support import disk_tree, write_atomic
 from tests.inprocess import InProcess, run_sync, settings_for
 
@@ -31,10 +31,14 @@ ROOT = ".checkpoints"
 
 
 async def stored(store) -> dict[str, bytes]:
-    """The root's files as stored (key below the root -> bytes)."""
+    """The root's files as stored (key below the root -> bytes); a key deleted between the
+    listing and its read (a sidecar still running) is not stored."""
     out = {}
     async for info in store.list(ROOT + "/"):
-        out[info.key[len(ROOT) + 1:]] = (await store.get(info.key))[0]
+        try:
+            out[info.key[len(ROOT) + 1:]] = (await store.get(info.key))[0]
+        except NotFound:
+            continue
     return out
 
 
