@@ -39,6 +39,7 @@ import anyio.to_thread
 from sidecar import log
 from sidecar.config import Settings
 from sidecar.errors import EXIT_CONFIG, EXIT_FAIL, EXIT_OK, fail
+from sidecar.namespace import command_for
 from sidecar.namespaces import Namespace, StoreClock, full_name, namespace_store, start_operator, walk
 from sidecar.pruner import FAILED, PRUNED, SKIPPED, WOULD_PRUNE, Pruner, Result
 from sidecar.sessionplan import prunable
@@ -110,15 +111,18 @@ async def command(settings: Settings, dry_run: bool, force: bool = False) -> int
     if older_than is None:
         return fail("prune needs --older-than DURATION (SIDECAR_OLDER_THAN): how long a namespace's last write must "
                     "be past, with its unit, e.g. 7d", EXIT_CONFIG)
-    if older_than < FLOOR and not force:
-        return fail(f"--older-than {_shown_duration(older_than)} is below {_shown_duration(FLOOR)}: it would delete "
-                    f"sessions idle for less than that (a released session is only paused: on Foundry every idle "
-                    f"session is released minutes after its last turn); pass --force if that is meant", EXIT_CONFIG)
     started = start_operator(settings, "prune")
     if isinstance(started, int):
         return started
     settings = started
     prefix = settings.namespace.path
+    if older_than < FLOOR and not force:
+        shown = _shown_duration(older_than)
+        again = command_for(f"prune --older-than {shown}{' --dry-run' if dry_run else ''} --force", settings.store,
+                            prefix)
+        return fail(f"--older-than {shown} is below {_shown_duration(FLOOR)}: it would delete sessions idle for "
+                    f"less than that (a released session is only paused: on Foundry every idle session is released "
+                    f"minutes after its last turn); if that is meant: {again}", EXIT_CONFIG)
     # creates nothing; a dry run writes nothing either (its clock is this machine's on a directory store,
     # said in one line), a real run makes its clock probe there like any write
     top = open_store(settings, read_only=True, writes=not dry_run)

@@ -713,7 +713,10 @@ async def test_older_than_below_an_hour_needs_force(make_store, store_place, mon
         code, out, err = await _cli(monkeypatch, capsys, store_place, "prune", *argv)
         assert code == 2, (argv, out, err)
         [line] = err.strip().splitlines()
-        assert "is below 1h" in line and "--force" in line, line
+        assert "is below 1h" in line, line
+        # the hint is the whole command, pasteable: store, prefix, flags (issue #34, item 6)
+        assert "SIDECAR_STORE=" in line and " SIDECAR_PREFIX='' SIDECAR_SESSION_NAMESPACE=off " in line, line
+        assert line.endswith(f"checkpoint-sidecar prune {' '.join(argv)} --force"), line
     code, out, err = await _cli(monkeypatch, capsys, store_place, "prune", "--dry-run", "--force",
                           SIDECAR_OLDER_THAN="0s", SIDECAR_LIVE_WITHIN="2h")  # the variables, too
     assert code == 0 and "would prune s1 (" in out, (out, err)
