@@ -53,7 +53,8 @@ _EPILOG = {
              "own (the others were pruned: run it again)",
     "history": "0 once listed (none is fine); 1 when the store cannot be read or is not there; 2 bad configuration",
     "verify": "0 every namespace ok; 4 some namespace is damaged (its lines name the keys); 1 the store is not "
-              "there or cannot be read; 2 bad usage or configuration",
+              "there or cannot be read, or holds no namespace below the prefix (nothing verified); 2 bad usage or "
+              "configuration",
 }
 _ENV_NOTE = ("Every flag whose help names a SIDECAR_* variable is also that variable (flags win); the others "
              "(--json, --dry-run, --force, --as-of...) are flags only. Variables of settings a command does not use "
