@@ -6,6 +6,7 @@ Also the store's clock and its conditional delete."""
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 import subprocess
@@ -223,10 +224,12 @@ async def test_the_store_clock_and_conditional_delete(make_store):
 
 class _Gateway(BaseHTTPRequestHandler):
     got: list[tuple[str, str, bytes]] = []
+    auth: list[str | None] = []
 
     def do_POST(self) -> None:  # noqa: N802 (http.server's name)
         body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
         self.got.append((self.command, self.path, body))
+        self.auth.append(self.headers.get("Authorization"))
         self.send_response(200)
         self.end_headers()
 
@@ -243,12 +246,15 @@ async def test_prune_pushes_its_gauges(make_store, store_place, tmp_path):
     server = HTTPServer(("127.0.0.1", 0), _Gateway)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        url = f"http://127.0.0.1:{server.server_address[1]}"
+        # a gateway behind basic auth: the user and password in the URL (issue #34, item 6), escaped
+        url = f"http://pr%40une:s3cr%3At@127.0.0.1:{server.server_address[1]}"
         r = await anyio.to_thread.run_sync(lambda: run_cli("prune", "--older-than", "0s", "--force", "--pushgateway", url,
                                                            cwd=tmp_path, env=cli_env(store_place)))
     finally:
         server.shutdown()
     assert r.returncode == 0, r.stderr
+    assert _Gateway.auth[-1] == "Basic " + base64.b64encode(b"pr@une:s3cr:t").decode()
+    assert "s3cr" not in r.stdout + r.stderr
     method, path, body = _Gateway.got[-1]
     assert method == "POST" and path == "/metrics/job/checkpoint_sidecar_prune"
     text = body.decode()
