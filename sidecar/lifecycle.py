@@ -393,8 +393,8 @@ async def restore_as_of(settings: Settings, roots: list[Root], store: Store, whe
         return fail(f"restore --as-of failed: cannot read the store: {e}")
     log.info("restore_as_of_done", point=done.point.key, point_time=rfc3339(done.time), files=done.files,
              bytes=done.bytes, refused=done.refused)
-    print(f"checkpoint-sidecar: restored {done.files} files ({done.bytes} bytes) as of the restore point of "
-          f"{rfc3339(done.time)} (seq {done.point.seq})")
+    print(f"checkpoint-sidecar: restored {log.count(done.files, 'file')} ({log.count(done.bytes, 'byte')}) as of the "
+          f"restore point of {rfc3339(done.time)} (seq {done.point.seq})")
     return EXIT_OK
 
 

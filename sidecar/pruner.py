@@ -185,7 +185,7 @@ class Pruner:
             if t >= proof_until:
                 current = await read_marker(store)
                 if current.get(STORED_VERSION) != stamp or current.get("owner") != ours:
-                    raise Lost(f"its owner marker was taken over during the prune ({objects} objects deleted)")
+                    raise Lost(f"its owner marker was taken over during the prune ({log.count(objects, 'object')} deleted)")
                 proof_until = t + self.window  # a proof counts from its send
             with first_of(StoreError):  # the namespace's failure, not a group of them
                 async with anyio.create_task_group() as tg:

@@ -303,7 +303,8 @@ def as_text(report: Report, prefix: str) -> list[str]:
     key cannot forge a line)."""
     name = log.printable(full_name(prefix, report.namespace) or "(top of the store)")
     gone = f", {report.gone} gone since listed" if report.gone else ""
-    what = (f"{report.objects} objects, {report.points} restore points, {report.bytes} bytes"
+    what = (f"{log.count(report.objects, 'object')}, {log.count(report.points, 'restore point')}, "
+            f"{log.count(report.bytes, 'byte')}"
             f"{', every byte read' if report.read_data else ''}{gone}")
     if report.ok:
         return [f"ok       {name} ({what})"]
@@ -376,5 +377,5 @@ async def command(settings: Settings, read_data: bool, as_json_lines: bool) -> i
                     "SIDECAR_STORE and SIDECAR_PREFIX)")
     if not as_json_lines:
         scope = "every byte read" if read_data else "metadata and restore point headers; --read-data reads every byte"
-        print(f"verify: {count} namespaces, {count - damaged} ok, {damaged} damaged ({scope})", flush=True)
+        print(f"verify: {log.count(count, 'namespace')}, {count - damaged} ok, {damaged} damaged ({scope})", flush=True)
     return EXIT_DAMAGED if damaged else EXIT_OK

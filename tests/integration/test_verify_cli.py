@@ -22,7 +22,7 @@ def test_verify_exit_codes_on_a_store_run_mirrored(tmp_path):
     clean = run_cli(*verify, "--read-data", cwd=work, env=sidecar_env(SIDECAR_PREFIX="agents"))
     assert clean.returncode == 0, clean.stderr
     assert clean.stdout.splitlines()[0].startswith("ok       agents/s1 (")
-    assert clean.stdout.splitlines()[-1] == "verify: 1 namespaces, 1 ok, 0 damaged (every byte read)"
+    assert clean.stdout.splitlines()[-1] == "verify: 1 namespace, 1 ok, 0 damaged (every byte read)"
 
     data = store / "agents" / "s1" / ".checkpoints" / "r1" / "a.json"  # rot, behind the store's back
     rotten = bytearray(data.read_bytes())
