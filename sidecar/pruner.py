@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -155,6 +156,9 @@ class Pruner:
         try:
             async for info in store.list():
                 if info.key == OWNER_KEY:
+                    if info.leased:  # it could be neither marked nor removed: refused before it is touched
+                        return ("refusing to prune it: its owner marker is leased by another client (it cannot be "
+                                "rewritten nor deleted); release or break that lease, then prune again")
                     continue
                 if await _in_nested(store, info.key, nested):
                     continue  # a nested namespace's: kept
@@ -210,7 +214,8 @@ def _reason(e: Exception) -> str:
     (the first exception of a group) named by its type."""
     cause = next(leaves(e))
     if isinstance(cause, (Lost, StoreError)):
-        return str(cause)
+        # a store error's "will retry" is the mirroring's promise: prune does not retry a namespace
+        return re.sub(r";? will retry( later)?$", "", str(cause)) + ": not retried in this run; prune again"
     return f"{type(cause).__name__}: {cause}"
 
 

@@ -630,10 +630,12 @@ async def test_a_prefix_with_nothing_below_it_is_empty(make_store, store_place, 
     assert len(await keys_below(make_store, "elsewhere")) == 3
 
 
-async def test_a_namespace_holding_a_leased_blob_is_refused_untouched(make_store, store_place, tmp_path):
+@pytest.mark.parametrize("leased", [".checkpoints/b.json", OWNER_KEY])
+async def test_a_namespace_holding_a_leased_blob_is_refused_untouched(make_store, store_place, tmp_path, leased):
     """A blob another client holds a lease on cannot be deleted (412 LeaseIdMissing): prune would
     mark the namespace, delete the rest and stay ``deleting`` for as long as the lease. It is seen
-    in the listing and refused before anything changes."""
+    in the listing and refused before anything changes. A leased owner marker too: it cannot be
+    marked, and the failure said "will retry" though nothing retried it (issue #34, item 6)."""
     if _backend(store_place) == "directory":
         pytest.skip("blob leases: Azure only")
     from azure.storage.blob.aio import BlobServiceClient
@@ -643,7 +645,7 @@ async def test_a_namespace_holding_a_leased_blob_is_refused_untouched(make_store
     await put_marker(store, "s1", heartbeat=0, interval=900)  # released: eligible
     url, creds = store_place
     async with BlobServiceClient.from_connection_string(creds["AZURE_STORAGE_CONNECTION_STRING"]) as svc:
-        blob = svc.get_container_client(url.rstrip("/").rsplit("/", 1)[1]).get_blob_client("s1/.checkpoints/b.json")
+        blob = svc.get_container_client(url.rstrip("/").rsplit("/", 1)[1]).get_blob_client(f"s1/{leased}")
         lease = await blob.acquire_lease(-1)
         marker_before = await store.get(OWNER_KEY)
         before = await keys_below(make_store, "s1")
@@ -652,6 +654,7 @@ async def test_a_namespace_holding_a_leased_blob_is_refused_untouched(make_store
         assert r.returncode == 3, r.stdout + r.stderr
         refused = [x for x in r.stdout.splitlines() if x.startswith("failed s1:")]
         assert len(refused) == 1 and "leased" in refused[0] and "nothing was changed" in refused[0], r.stdout
+        assert "will retry" not in r.stdout
         marker_after = await store.get(OWNER_KEY)
         assert (marker_after[0], marker_after[1].version) == (marker_before[0], marker_before[1].version)
         assert await keys_below(make_store, "s1") == before
