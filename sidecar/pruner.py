@@ -136,9 +136,14 @@ class Pruner:
         if not deleting(marker):  # a prune that died deleting goes on at once: nobody restores a half namespace
             if not await _mark(store, stamp, seen, ours, identity, PRUNE_PENDING, info):
                 return Result(name, SKIPPED, why="its owner marker changed meanwhile: every object kept")
-            if self.on_pending is not None:
-                await self.on_pending(name)
-            await self.sleep(self.window + self.margin)
+            try:
+                if self.on_pending is not None:
+                    await self.on_pending(name)
+                await self.sleep(self.window + self.margin)
+            except BaseException:  # cancelled (Ctrl-C) in the grace: nothing deleted, the marker put back
+                with anyio.CancelScope(shield=True), anyio.move_on_after(self.window + self.margin):
+                    await _put_back(store, stamp, marker)
+                raise
             seen, stamp = stamp, later_stamp(stamp)
         if not await _mark(store, stamp, seen, ours, identity, PRUNE_DELETING, None):
             return Result(name, SKIPPED, why="a sidecar claimed it while the prune waited: every object kept")
@@ -244,6 +249,22 @@ async def _mark(store: Store, stamp: int, seen: int, ours: str, identity: dict[s
     put = await store.put(OWNER_KEY, data, ObjectMeta.of(data, stamp, 0o600, version=stamp), if_version=seen,
                           expected=expected)
     return put.version == stamp
+
+
+async def _put_back(store: Store, stamp: int, marker: dict) -> None:
+    """A prune cut short in its grace: the owner marker it replaced (``marker``, as read) written
+    again over its pending one (a compare-and-swap on ``stamp``; none: its own removed), so that
+    the namespace is as it was: a sidecar resuming a released one need not wait out a write
+    window, nor take a pending prune marker for an owner that did not release it. A failure
+    leaves the pending marker, which any sidecar replaces (:func:`sidecar.fence.take_for_restore`)."""
+    with contextlib.suppress(StoreError):
+        if not marker:
+            await store.delete_if(OWNER_KEY, stamp)
+            return
+        body = {k: v for k, v in marker.items() if k != STORED_VERSION}
+        data = json.dumps(body).encode()
+        again = later_stamp(stamp)
+        await store.put(OWNER_KEY, data, ObjectMeta.of(data, again, 0o600, version=again), if_version=stamp)
 
 
 async def _in_nested(store: Store, key: str, seen: dict[str, bool]) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import json
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -23,7 +24,7 @@ from sidecar.fence import OWNER_KEY, Fence, Fenced, Taken, read_marker, take_for
 from sidecar.namespaces import walk
 from sidecar.pruner import SKIPPED, Pruner
 from sidecar.store.base import ObjectMeta
-from support import run_cli, sidecar_env
+from support import run_cli, sidecar_cmd, sidecar_env
 
 pytestmark = pytest.mark.anyio
 
@@ -164,6 +165,66 @@ async def test_a_namespace_claimed_during_prune_keeps_every_object(make_store):
                   taken=Taken(5, marker["generation"], True, False, True))
     await fence.claim()
     assert fence.writable_at <= time.monotonic()
+
+
+@pytest.mark.parametrize("heartbeat", [0, 1.0])  # released, stale
+async def test_a_prune_cancelled_in_its_grace_puts_the_marker_back(make_store, heartbeat):
+    """Issue #34, item 6: a prune cancelled (Ctrl-C) after its pending marker left that marker, and
+    the resuming sidecar waited out a write window, saying its predecessor had not released the
+    namespace, though the prune's marker was all there was. The marker it replaced is put back:
+    a released one is released again (no wait), a stale one is the stale owner's again."""
+    store = await make_store("s1")
+    await seed(store, "s1", points=1)
+    await put_marker(store, "s1", heartbeat=heartbeat, interval=None)  # stale at once with live_within 0
+    before = sorted([i.key async for i in store.list()])
+    original = {k: v for k, v in (await read_marker(store)).items() if not k.startswith("_")}
+    top = await make_store()
+    namespaces = [n async for n in walk(top, 60.0)]
+
+    async def cancelled(namespace: str) -> None:
+        assert (await read_marker(await make_store(namespace)))["prune"] == {"phase": "pending"}
+        scope.cancel()
+
+    pruner = Pruner(lambda ns: _fresh(make_store, ns), time.time, 0.2, 0.0, 0.0, 0.0, on_pending=cancelled)
+    with anyio.CancelScope() as scope:
+        await pruner.prune(namespaces[0])
+    assert scope.cancelled_caught
+    assert sorted([i.key async for i in store.list()]) == before
+    marker = await read_marker(store)
+    assert {k: v for k, v in marker.items() if not k.startswith("_")} == original
+
+    taken = await take_for_restore(store, ident("s1"), "s1")
+    fence = Fence(store, 0.2, 30.0, identity=ident("s1"), namespace="s1", taken=taken)
+    await fence.claim()
+    assert (fence.writable_at <= time.monotonic()) == (heartbeat == 0)  # a stale owner is waited out
+
+
+async def test_prune_interrupted_in_its_grace_exits_130_and_changes_nothing(make_store, store_place, tmp_path):
+    """The process: Ctrl-C while the namespace waits its grace ends the prune (130), the released
+    marker is back as it was, and every object is kept."""
+    store = await make_store("s1")
+    await seed(store, "s1", points=1)
+    await put_marker(store, "s1", heartbeat=0, interval=900)
+    before = sorted([i.key async for i in store.list()])
+    original = (await store.get(OWNER_KEY))[0]
+    env = cli_env(store_place)
+    env["SIDECAR_FENCE_WINDOW"] = "600"  # a grace that outlasts the test: only the signal ends it
+    proc = subprocess.Popen(sidecar_cmd("prune", "--older-than", "0s", "--force"), cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        with anyio.fail_after(60):
+            while "pending" not in (await read_marker(store)).get("prune", {}).get("phase", ""):
+                assert proc.poll() is None, proc.communicate()
+                await anyio.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        out, err = await anyio.to_thread.run_sync(lambda: proc.communicate(timeout=60))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, (out, err)
+    assert "Traceback" not in err
+    assert (await store.get(OWNER_KEY))[0] == original
+    assert sorted([i.key async for i in store.list()]) == before
 
 
 class _Fresh:
