@@ -22,7 +22,8 @@ and :meth:`sidecar.fence.Fence.claim`):
    still ours) at most one fence window old, like :class:`sidecar.writer.Writer`'s writes.
 6. Remove the marker last, conditionally (:meth:`Store.delete_if` on our stamp).
 
-A prune that died leaves its marker: a later run finishes it once that marker is ``live_within``
+A prune cancelled in step 3 puts the marker it replaced back (:func:`_put_back`): nothing is
+deleted yet. A prune that died leaves its marker: a later run finishes it once that marker is ``live_within``
 old (``deleting`` goes on deleting at once; ``pending`` starts over).
 """
 
