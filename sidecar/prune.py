@@ -31,7 +31,7 @@ from __future__ import annotations
 import sys
 import time
 from functools import partial
-from typing import Any, Callable
+from typing import Callable
 
 import anyio
 import anyio.abc
@@ -283,7 +283,8 @@ def gateway_and_handler(url: str) -> tuple[str, Callable[..., Callable[[], None]
         return url, default_handler
     user, password = unquote(parts.username or ""), unquote(parts.password or "")
 
-    def handler(*args: Any, **kwargs: Any) -> Callable[[], None]:
-        return basic_auth_handler(*args, **kwargs, username=user, password=password)
+    def handler(url: str, method: str, timeout: float | None, headers: list[tuple[str, str]],
+                data: bytes) -> Callable[[], None]:
+        return basic_auth_handler(url, method, timeout, headers, data, username=user, password=password)
 
     return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2])), handler

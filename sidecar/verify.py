@@ -271,8 +271,8 @@ async def check_namespace(store: Store, namespace: str, is_namespace: Callable[[
     for key, (version, name) in highest.items():
         if listed[key].sha256 is None or key in conflicts:
             continue  # its metadata is unreadable, or differs from a point's at its version: said already
-        if (problem := version_lowered(listed[key], version, name)) is not None:
-            damage.setdefault(key, Damage(key, OBJECT, [], listed[key].version)).problems.append(problem)
+        if (lowered := version_lowered(listed[key], version, name)) is not None:
+            damage.setdefault(key, Damage(key, OBJECT, [], listed[key].version)).problems.append(lowered)
             checks[name].holds.add(key)  # that point restores the key as it was written
     for d in damage.values():
         if d.key not in conflicts and (p := recovering_point(d.key, checks, sound)) is not None:
