@@ -33,24 +33,28 @@ _EPILOG = {
     "restore": "0 once the state is back on disk (or nothing was stored, or the store is not there yet: one warning "
                "names it); 1 when the store cannot be read; "
                "--as-of: 1 when no restore point is at or before TIME, a root holds files (without --force-restore), or the "
-               "store is not there",
-    "sync": "75 when stopped with changes still pending (not flushed within SIDECAR_DRAIN_TIMEOUT)",
-    "run": "the child's own exit code (128+N for signal N); 1 if the restore failed (CMD never starts), "
-           "127/126 if CMD cannot start; 75 when a newer sidecar fenced it (CMD is stopped: SIGTERM, then SIGKILL "
-           "after SIDECAR_CHILD_STOP_GRACE)",
-    "status": "0 in sync; 1 not in sync, or the store cannot be reached or is not there",
+               "store is not there; 2 bad configuration or usage (a malformed TIME), or another identity's namespace",
+    "sync": "0 once stopped with every change flushed; 1 a failure (the restore, the store); 2 bad configuration; "
+            "75 when stopped with changes still pending (not flushed within SIDECAR_DRAIN_TIMEOUT, or fenced by a "
+            "newer sidecar)",
+    "run": "0 or any other: the child's own exit code (128+N for signal N); 1 if the restore failed (CMD never "
+           "starts); 2 bad configuration or usage (CMD never starts); 127/126 if CMD cannot start; 75 when a newer "
+           "sidecar fenced it (CMD is stopped: SIGTERM, then SIGKILL after SIDECAR_CHILD_STOP_GRACE)",
+    "status": "0 in sync; 1 not in sync, or the store cannot be reached or is not there; 2 bad configuration",
     "probe": "0 ready/live; 1 not, or no answer within --timeout; 2 when SIDECAR_HTTP_ADDR is empty",
     "release": "0 once released (or when the namespace has no owner marker); 1 when the store cannot be reached or "
                "is not there; "
                "2 refused: the owner is live (without --force), or bad configuration",
-    "sessions": "0 once every namespace is listed; 1 when the store cannot be listed or is not there",
+    "sessions": "0 once every namespace is listed; 1 when the store cannot be listed or is not there; 2 bad "
+                "configuration",
     "prune": "0 done (also when nothing was eligible); 1 the store cannot be listed (or does not exist), or the "
              "push to --pushgateway failed; 2 bad usage or configuration (a duration without its unit, --older-than "
              "below 1h without --force); 3 some eligible namespaces failed or were refused, each on a line of its "
              "own (the others were pruned: run it again)",
-    "history": "0 once listed (none is fine); 1 when the store cannot be read or is not there",
+    "history": "0 once listed (none is fine); 1 when the store cannot be read or is not there; 2 bad configuration",
     "verify": "0 every namespace ok; 4 some namespace is damaged (its lines name the keys); 1 the store is not "
-              "there or cannot be read; 2 bad usage or configuration",
+              "there or cannot be read, or holds no namespace below the prefix (nothing verified); 2 bad usage or "
+              "configuration",
 }
 _ENV_NOTE = ("Every flag whose help names a SIDECAR_* variable is also that variable (flags win); the others "
              "(--json, --dry-run, --force, --as-of...) are flags only. Variables of settings a command does not use "
@@ -147,10 +151,26 @@ def _as_of(text: str) -> tuple[float | None, float | None]:
     """``restore --as-of``: an RFC 3339 time with its offset, or a duration ago."""
     from sidecar.configtypes import parse_time_or_age
 
+    if text[:1] in "-+" and text[1:2].isdigit():
+        raise argparse.ArgumentTypeError(f"a duration ago is written without a sign, e.g. {text[1:40]} for that long "
+                                         f"ago, got {text[:40]!r}")
     try:
         return parse_time_or_age(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _joined_values(argv: list[str]) -> list[str]:
+    """``argv`` with ``--as-of -5m`` written ``--as-of=-5m``: argparse takes a value that starts
+    with a dash for an option and says "expected one argument"; joined, the value's own check
+    answers (a duration ago has no sign)."""
+    out: list[str] = []
+    for i, arg in enumerate(argv):
+        if i and argv[i - 1] == "--as-of" and arg[:1] == "-" and arg[1:2].isdigit() and out[-1] == "--as-of":
+            out[-1] = f"--as-of={arg}"
+        else:
+            out.append(arg)
+    return out
 
 
 def build_parser(only: str | None = None) -> _Parser:
@@ -160,7 +180,8 @@ def build_parser(only: str | None = None) -> _Parser:
     parser = _Parser(
         prog="checkpoint-sidecar",
         description="Mirror agent workflow state to durable storage and bring it back after compute recreation.",
-        epilog=_epilog(_ENV_NOTE, EXIT_CODES_HELP),
+        epilog=_epilog(_ENV_NOTE, EXIT_CODES_HELP + "; prune: 3 some namespaces failed; verify: 4 damage found "
+                       "(each command's --help: its own)"),
     )
     parser.commands = {}
     parser.add_argument("--version", action="version", version=f"checkpoint-sidecar {__version__}")
@@ -168,7 +189,7 @@ def build_parser(only: str | None = None) -> _Parser:
 
     def add(command: str, help: str, **kw: Any) -> argparse.ArgumentParser:
         p = sub.add_parser(command, help=help, description=help,
-                           epilog=_epilog(_ENV_NOTE, EXIT_CODES_HELP, f"{command}: {_EPILOG[command]}"), **kw)
+                           epilog=_epilog(_ENV_NOTE, f"exit codes of {command}: {_EPILOG[command]}"), **kw)
         if only is None or command == only:
             _add_common(p, command)
         parser.commands[command] = p
@@ -274,7 +295,8 @@ def entry() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     _limit_malloc_arenas()
-    parser = build_parser(_command_in(sys.argv[1:] if argv is None else argv))
+    argv = _joined_values(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(_command_in(argv))
     args, extra = parser.parse_known_args(argv)
     if extra:
         sub = parser.commands[args.command]

@@ -396,20 +396,20 @@ async def restore_as_of(settings: Settings, roots: list[Root], store: Store, whe
         return fail(f"restore --as-of failed: cannot read the store: {e}")
     log.info("restore_as_of_done", point=done.point.key, point_time=rfc3339(done.time), files=done.files,
              bytes=done.bytes, refused=done.refused)
-    print(f"checkpoint-sidecar: restored {done.files} files ({done.bytes} bytes) as of the restore point of "
-          f"{rfc3339(done.time)} (seq {done.point.seq})")
+    print(f"checkpoint-sidecar: restored {log.count(done.files, 'file')} ({log.count(done.bytes, 'byte')}) as of the "
+          f"restore point of {rfc3339(done.time)} (seq {done.point.seq})")
     for aside in done.aside:  # --force-restore: what the point lacks, moved beside the root
         print(f"checkpoint-sidecar: {aside_line(aside)}")
     return EXIT_OK
 
 
-async def _held_live(store: Store, live_within: float) -> str | None:
-    """Who holds the namespace live, and since when, in words (None: no live owner): its marker
-    judged by the store's clock, as ``sessions`` judges it (:func:`sidecar.sessionplan.owner`); a
-    prune deleting it counts too (a release would hand a half-deleted namespace to the next
-    sidecar)."""
+async def _held_live(store: Store, live_within: float, store_url: str, namespace: str) -> str | None:
+    """Who holds the namespace live, and since when, in words, with the commands that go on
+    from there, complete (None: no live owner): its marker judged by the store's clock, as
+    ``sessions`` judges it (:func:`sidecar.sessionplan.owner`); a prune deleting it counts too (a
+    release would hand a half-deleted namespace to the next sidecar)."""
     from sidecar.fence import PRUNE_DELETING, marker_identity, prune_phase, read_marker_info
-    from sidecar.namespace import describe_identity
+    from sidecar.namespace import command_for, describe_identity
     from sidecar.sessionplan import LIVE, PRUNING, owner
 
     marker, info = await read_marker_info(store)
@@ -417,17 +417,20 @@ async def _held_live(store: Store, live_within: float) -> str | None:
         return None
     now = await store.now()
     who = owner(marker, info.modified, now, live_within)
+    force = command_for("release --force", store_url, namespace)
     if who == PRUNING and prune_phase(marker) == PRUNE_DELETING:
+        finish = command_for("prune --older-than 7d", store_url, namespace)
         return (f"a prune is deleting it (its marker says deleting, written {_ago(info.modified, now)}), and a "
-                "release would hand the half-deleted namespace to the next sidecar: let checkpoint-sidecar prune "
-                "finish it")
+                "release would hand the half-deleted namespace to the next sidecar: let that prune end, or, if "
+                "none runs any more, finish it (a dead prune's namespace is finished whatever --older-than "
+                f"says): {finish}; to release it half-deleted anyway: {force}")
     if who != LIVE:
         return None
     held = log.printable(describe_identity(marker_identity(marker)))
     return (f"its owner is live: {held} holds it, its marker last written {_ago(info.modified, now)} by the store's "
             f"clock (live within SIDECAR_LIVE_WITHIN={live_within:g}s, or twice the heartbeat interval it records), "
             "and a release would fence that running sidecar, losing what it has not stored yet: stop it first, or "
-            "wait until it is no longer live")
+            f"wait until it is no longer live; to fence it and release now: {force}")
 
 
 def _ago(modified: float | None, now: float) -> str:
@@ -464,10 +467,9 @@ async def release(settings: Settings, roots: list[Root], force: bool = False) ->
         await retry_transient(store.open, "open", deadline)
         if why := await missing(store):  # "nothing to release" would hide a typo in SIDECAR_STORE
             return fail(f"cannot release the namespace {where!r}: {why}")
-        if not force and (why := await retry_transient(partial(_held_live, store, settings.live_within),
-                                                       "read the owner marker", deadline)):
-            return fail(f"refusing to release the namespace {where!r} in {store.description}: {why}; or pass "
-                        "--force", EXIT_CONFIG)
+        held = partial(_held_live, store, settings.live_within, settings.store, settings.namespace.path)
+        if not force and (why := await retry_transient(held, "read the owner marker", deadline)):
+            return fail(f"refusing to release the namespace {where!r} in {store.description}: {why}", EXIT_CONFIG)
         done = await retry_transient(partial(hand_over, store), "release the owner marker", deadline)
     except StoreError as e:
         return fail(f"cannot release the namespace {where!r} in {store.description}: {e}")

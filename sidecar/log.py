@@ -70,6 +70,11 @@ def redact(text: str, secrets: Iterable[str] = ()) -> str:
 _ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
+def count(n: int, noun: str, plural: str = "") -> str:
+    """``n`` and ``noun``, in the plural unless ``n`` is 1: ``1 namespace``, ``2 namespaces``."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
 def printable(text: str, *, ascii: bool = False) -> str:
     """``text`` safe for one line of a log or a terminal: control and other non-printable
     characters (newlines, ESC, bidi overrides, line separators) as ``\\n``, ``\\x1b``,

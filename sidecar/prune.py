@@ -31,6 +31,7 @@ from __future__ import annotations
 import sys
 import time
 from functools import partial
+from typing import Callable
 
 import anyio
 import anyio.abc
@@ -39,6 +40,7 @@ import anyio.to_thread
 from sidecar import log
 from sidecar.config import Settings
 from sidecar.errors import EXIT_CONFIG, EXIT_FAIL, EXIT_OK, fail
+from sidecar.namespace import command_for
 from sidecar.namespaces import Namespace, StoreClock, full_name, namespace_store, start_operator, walk
 from sidecar.pruner import FAILED, PRUNED, SKIPPED, WOULD_PRUNE, Pruner, Result
 from sidecar.sessionplan import prunable
@@ -61,6 +63,8 @@ GAUGES = {
                                                                "namespace pruned (unix time)",
 }
 JOB = "checkpoint_sidecar_prune"
+#: Back to the start of the terminal's line, and erase it.
+CLEAR_LINE = "\r\x1b[K"
 
 
 class Tally:
@@ -80,26 +84,36 @@ class Tally:
             self.bytes += r.bytes
 
     def progress(self) -> None:
+        """The progress line on stderr, on a terminal only, redrawn in place."""
         if self.tty:
             done = self.by[PRUNED] + self.by[WOULD_PRUNE]
-            print(f"\r{self.listed} namespaces listed, {self.eligible} eligible, {done} "
+            print(f"{CLEAR_LINE}{log.count(self.listed, 'namespace')} listed, {self.eligible} eligible, {done} "
                   f"{'would be pruned' if self.dry_run else 'pruned'}", end="", file=sys.stderr, flush=True)
+
+    def say(self, text: str) -> None:
+        """A line on stdout. On a terminal the progress line shares the screen: it is cleared
+        first, so the line starts at its own beginning, and drawn again below it."""
+        if self.tty:
+            print(CLEAR_LINE, end="", file=sys.stderr, flush=True)
+        print(text, flush=True)
+        self.progress()
 
     def summary(self) -> str:
         if self.tty:
-            print(file=sys.stderr)
+            print(CLEAR_LINE, end="", file=sys.stderr, flush=True)  # the summary says it all
         done = self.by[WOULD_PRUNE] if self.dry_run else self.by[PRUNED]
         verb = "would prune" if self.dry_run else "pruned"
-        return (f"prune: {verb} {done} namespaces ({self.objects} objects, {self.bytes} bytes); kept {self.kept} "
-                f"(live, or written too recently); skipped {self.by[SKIPPED]} (claimed or changed meanwhile: "
-                f"every object kept); failed {self.by[FAILED]}{' (dry run: nothing deleted)' if self.dry_run else ''}")
+        return (f"prune: {verb} {log.count(done, 'namespace')} ({log.count(self.objects, 'object')}, "
+                f"{log.count(self.bytes, 'byte')}); kept {self.kept} (live, or written too recently); skipped "
+                f"{self.by[SKIPPED]} (claimed or changed meanwhile: every object kept); failed {self.by[FAILED]}"
+                f"{' (dry run: nothing deleted)' if self.dry_run else ''}")
 
 
 def line(r: Result, prefix: str) -> str:
     """The stdout line of one eligible namespace (its name escaped)."""
     name = log.printable(full_name(prefix, r.namespace) or "(top of the store)")
     if r.outcome in (PRUNED, WOULD_PRUNE):
-        return f"{r.outcome} {name} ({r.objects} objects, {r.bytes} bytes)"
+        return f"{r.outcome} {name} ({log.count(r.objects, 'object')}, {log.count(r.bytes, 'byte')})"
     return f"{r.outcome} {name}: {log.printable(r.why)}"
 
 
@@ -110,15 +124,18 @@ async def command(settings: Settings, dry_run: bool, force: bool = False) -> int
     if older_than is None:
         return fail("prune needs --older-than DURATION (SIDECAR_OLDER_THAN): how long a namespace's last write must "
                     "be past, with its unit, e.g. 7d", EXIT_CONFIG)
-    if older_than < FLOOR and not force:
-        return fail(f"--older-than {_shown_duration(older_than)} is below {_shown_duration(FLOOR)}: it would delete "
-                    f"sessions idle for less than that (a released session is only paused: on Foundry every idle "
-                    f"session is released minutes after its last turn); pass --force if that is meant", EXIT_CONFIG)
     started = start_operator(settings, "prune")
     if isinstance(started, int):
         return started
     settings = started
     prefix = settings.namespace.path
+    if older_than < FLOOR and not force:
+        shown = _shown_duration(older_than)
+        again = command_for(f"prune --older-than {shown}{' --dry-run' if dry_run else ''} --force", settings.store,
+                            prefix)
+        return fail(f"--older-than {shown} is below {_shown_duration(FLOOR)}: it would delete sessions idle for "
+                    f"less than that (a released session is only paused: on Foundry every idle session is released "
+                    f"minutes after its last turn); if that is meant: {again}", EXIT_CONFIG)
     # creates nothing; a dry run writes nothing either (its clock is this machine's on a directory store,
     # said in one line), a real run makes its clock probe there like any write
     top = open_store(settings, read_only=True, writes=not dry_run)
@@ -212,8 +229,7 @@ async def _run(top: Store, pruner: Pruner, clock: StoreClock, tally: Tally, pref
             async for ns in queue:
                 r = await pruner.prune(ns)
                 tally.add(r)
-                print(line(r, prefix), flush=True)
-                tally.progress()
+                tally.say(line(r, prefix))
 
     failed: list[StoreError] = []
     async with anyio.create_task_group() as tg:
@@ -250,4 +266,25 @@ def push(url: str, tally: Tally, success: bool) -> None:
     Gauge(names[1], GAUGES[names[1]], registry=registry).set(tally.by[PRUNED])
     if success:
         Gauge(names[2], GAUGES[names[2]], registry=registry).set(time.time())
-    pushadd_to_gateway(url, job=JOB, registry=registry, timeout=10)
+    gateway, handler = gateway_and_handler(url)
+    pushadd_to_gateway(gateway, job=JOB, registry=registry, timeout=10, handler=handler)
+
+
+def gateway_and_handler(url: str) -> tuple[str, Callable[..., Callable[[], None]]]:
+    """The Pushgateway URL without a user and password, and the prometheus-client handler that
+    pushes to it: HTTP basic auth with them when the URL carries them (urllib would take
+    ``user:password@host`` for the host name), the default one otherwise."""
+    from urllib.parse import unquote, urlsplit, urlunsplit
+
+    from prometheus_client.exposition import basic_auth_handler, default_handler
+
+    parts = urlsplit(url if "://" in url else f"http://{url}")
+    if "@" not in parts.netloc:
+        return url, default_handler
+    user, password = unquote(parts.username or ""), unquote(parts.password or "")
+
+    def handler(url: str, method: str, timeout: float | None, headers: list[tuple[str, str]],
+                data: bytes) -> Callable[[], None]:
+        return basic_auth_handler(url, method, timeout, headers, data, username=user, password=password)
+
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2])), handler

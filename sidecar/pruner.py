@@ -22,7 +22,8 @@ and :meth:`sidecar.fence.Fence.claim`):
    still ours) at most one fence window old, like :class:`sidecar.writer.Writer`'s writes.
 6. Remove the marker last, conditionally (:meth:`Store.delete_if` on our stamp).
 
-A prune that died leaves its marker: a later run finishes it once that marker is ``live_within``
+A prune cancelled in step 3 puts the marker it replaced back (:func:`_put_back`): nothing is
+deleted yet. A prune that died leaves its marker: a later run finishes it once that marker is ``live_within``
 old (``deleting`` goes on deleting at once; ``pending`` starts over).
 """
 
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import time
 import uuid
 from dataclasses import dataclass
@@ -135,9 +137,14 @@ class Pruner:
         if not deleting(marker):  # a prune that died deleting goes on at once: nobody restores a half namespace
             if not await _mark(store, stamp, seen, ours, identity, PRUNE_PENDING, info):
                 return Result(name, SKIPPED, why="its owner marker changed meanwhile: every object kept")
-            if self.on_pending is not None:
-                await self.on_pending(name)
-            await self.sleep(self.window + self.margin)
+            try:
+                if self.on_pending is not None:
+                    await self.on_pending(name)
+                await self.sleep(self.window + self.margin)
+            except BaseException:  # cancelled (Ctrl-C) in the grace: nothing deleted, the marker put back
+                with anyio.CancelScope(shield=True), anyio.move_on_after(self.window + self.margin):
+                    await _put_back(store, stamp, marker)
+                raise
             seen, stamp = stamp, later_stamp(stamp)
         if not await _mark(store, stamp, seen, ours, identity, PRUNE_DELETING, None):
             return Result(name, SKIPPED, why="a sidecar claimed it while the prune waited: every object kept")
@@ -155,6 +162,9 @@ class Pruner:
         try:
             async for info in store.list():
                 if info.key == OWNER_KEY:
+                    if info.leased:  # it could be neither marked nor removed: refused before it is touched
+                        return ("refusing to prune it: its owner marker is leased by another client (it cannot be "
+                                "rewritten nor deleted); release or break that lease, then prune again")
                     continue
                 if await _in_nested(store, info.key, nested):
                     continue  # a nested namespace's: kept
@@ -185,7 +195,7 @@ class Pruner:
             if t >= proof_until:
                 current = await read_marker(store)
                 if current.get(STORED_VERSION) != stamp or current.get("owner") != ours:
-                    raise Lost(f"its owner marker was taken over during the prune ({objects} objects deleted)")
+                    raise Lost(f"its owner marker was taken over during the prune ({log.count(objects, 'object')} deleted)")
                 proof_until = t + self.window  # a proof counts from its send
             with first_of(StoreError):  # the namespace's failure, not a group of them
                 async with anyio.create_task_group() as tg:
@@ -210,7 +220,8 @@ def _reason(e: Exception) -> str:
     (the first exception of a group) named by its type."""
     cause = next(leaves(e))
     if isinstance(cause, (Lost, StoreError)):
-        return str(cause)
+        # a store error's "will retry" is the mirroring's promise: prune does not retry a namespace
+        return re.sub(r";? will retry( later)?$", "", str(cause)) + ": not retried in this run; prune again"
     return f"{type(cause).__name__}: {cause}"
 
 
@@ -239,6 +250,22 @@ async def _mark(store: Store, stamp: int, seen: int, ours: str, identity: dict[s
     put = await store.put(OWNER_KEY, data, ObjectMeta.of(data, stamp, 0o600, version=stamp), if_version=seen,
                           expected=expected)
     return put.version == stamp
+
+
+async def _put_back(store: Store, stamp: int, marker: dict) -> None:
+    """A prune cut short in its grace: the owner marker it replaced (``marker``, as read) written
+    again over its pending one (a compare-and-swap on ``stamp``; none: its own removed), so that
+    the namespace is as it was: a sidecar resuming a released one need not wait out a write
+    window, nor take a pending prune marker for an owner that did not release it. A failure
+    leaves the pending marker, which any sidecar replaces (:func:`sidecar.fence.take_for_restore`)."""
+    with contextlib.suppress(StoreError):
+        if not marker:
+            await store.delete_if(OWNER_KEY, stamp)
+            return
+        body = {k: v for k, v in marker.items() if k != STORED_VERSION}
+        data = json.dumps(body).encode()
+        again = later_stamp(stamp)
+        await store.put(OWNER_KEY, data, ObjectMeta.of(data, again, 0o600, version=again), if_version=stamp)
 
 
 async def _in_nested(store: Store, key: str, seen: dict[str, bool]) -> bool:

@@ -179,6 +179,13 @@ class _Restore:
         with contextlib.suppress(anyio.BrokenResourceError):
             self.send.send_nowait((root, info))
 
+    def _no_space(self, root: Root) -> RestoreError:
+        """The disk is full: how many files landed, never a total (the listing may still be
+        growing, and the files of restore points are counted as they are placed)."""
+        return RestoreError(f"no space left on device while restoring into {root.path} "
+                            f"({log.count(self.progress.files, 'file')} restored before it filled up; no partial "
+                            "file left)")
+
     def _start(self, root: Root) -> None:
         if root.name not in self.started:
             try:  # before the root's first file lands: a restore cut short from here on is known as such
@@ -377,8 +384,7 @@ class _Restore:
             raise BundleError(f"bundle entry {c.key!r} does not match its sha256") from None
         except OSError as e:
             if e.errno == errno.ENOSPC:
-                raise RestoreError(f"no space left on device while restoring into {root.path} ({self.progress.files} "
-                                   f"of {self.progress.total_files} files restored; no partial file left)") from None
+                raise self._no_space(root) from None
             raise RestoreError(f"cannot write {c.key} into {root.path}: {e.strerror}") from None
         self.progress.add(m.size)
         metrics.restored(m.size)
@@ -480,8 +486,7 @@ class _Restore:
                 return None
             except OSError as e:
                 if e.errno == errno.ENOSPC:
-                    raise RestoreError(f"no space left on device while restoring into {root.path} ({self.progress.files} "
-                                       f"of {self.progress.total_files} files restored; no partial file left)") from None
+                    raise self._no_space(root) from None
                 raise RestoreError(f"cannot write {info.key} into {root.path}: {e.strerror}") from None
         else:
             if self.on_corrupt != "skip":

@@ -24,14 +24,15 @@ namespace's listing (a small record per object, to compare with the points' entr
 header or two, and two chunks per read in flight; no object is held whole.
 
 Exit codes: 0 every namespace ok; :data:`EXIT_DAMAGED` some namespace is damaged; 1 the store is
-not there or cannot be read; 2 bad configuration.
+not there or cannot be read, or holds no namespace below the prefix (nothing verified is never
+taken for a sound store: a ``SIDECAR_STORE`` and a ``SIDECAR_PREFIX`` that lead nowhere agree); 2
+bad configuration.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import sys
 import time
 from functools import partial
 from typing import TYPE_CHECKING, AsyncIterator, Callable
@@ -60,6 +61,8 @@ from sidecar.verifyplan import (
     point_problems,
     recovering_point,
     sound_points,
+    unsafe_entry,
+    version_lowered,
 )
 
 if TYPE_CHECKING:
@@ -172,7 +175,12 @@ async def _check_point(store: Store, name: PointName, info: ObjectInfo, read_dat
         return check
     try:
         check.prev = opened.header.prev
+        for entry in opened.header.entries:
+            if (why := unsafe_entry(entry.key)) is not None:
+                check.unsafe[entry.key] = why
         for entry in opened.header.files():
+            if entry.key in listed:
+                check.versions[entry.key] = entry.written.version
             if entry_conflict(listed.get(entry.key), entry) and name > conflicts.get(entry.key, PointName(-1, "", 0)):
                 conflicts[entry.key] = name
             if interest.get(entry.key) == entry.written.version:
@@ -256,6 +264,16 @@ async def check_namespace(store: Store, namespace: str, is_namespace: Callable[[
         damage.setdefault(key, Damage(key, OBJECT, [], listed[key].version)).problems.append(problem)
     damaged_points = point_problems(checks)
     sound = sound_points(checks, damaged_points)
+    highest: dict[str, tuple[int, PointName]] = {}
+    for name in sound:
+        for key, version in checks[name].versions.items():
+            highest[key] = max(highest.get(key, (version, name)), (version, name))
+    for key, (version, name) in highest.items():
+        if listed[key].sha256 is None or key in conflicts:
+            continue  # its metadata is unreadable, or differs from a point's at its version: said already
+        if (lowered := version_lowered(listed[key], version, name)) is not None:
+            damage.setdefault(key, Damage(key, OBJECT, [], listed[key].version)).problems.append(lowered)
+            checks[name].holds.add(key)  # that point restores the key as it was written
     for d in damage.values():
         if d.key not in conflicts and (p := recovering_point(d.key, checks, sound)) is not None:
             d.recovered_by, d.recovered_at = p, points[p].modified
@@ -285,7 +303,8 @@ def as_text(report: Report, prefix: str) -> list[str]:
     key cannot forge a line)."""
     name = log.printable(full_name(prefix, report.namespace) or "(top of the store)")
     gone = f", {report.gone} gone since listed" if report.gone else ""
-    what = (f"{report.objects} objects, {report.points} restore points, {report.bytes} bytes"
+    what = (f"{log.count(report.objects, 'object')}, {log.count(report.points, 'restore point')}, "
+            f"{log.count(report.bytes, 'byte')}"
             f"{', every byte read' if report.read_data else ''}{gone}")
     if report.ok:
         return [f"ok       {name} ({what})"]
@@ -352,11 +371,11 @@ async def command(settings: Settings, read_data: bool, as_json_lines: bool) -> i
         return fail(f"cannot write the report: {e.strerror or type(e).__name__}")
     finally:
         await top.aclose()
-    if not count:
+    if not count:  # as for a store that is not there: nothing verified is never a sound store
         shown = log.printable(prefix) or "(top of the store)"
-        print(f"verify: no namespace below the prefix {shown!r} in {top.description}: nothing was verified",
-              file=sys.stderr, flush=True)
+        return fail(f"no namespace below the prefix {shown!r} in {top.description}: nothing was verified (check "
+                    "SIDECAR_STORE and SIDECAR_PREFIX)")
     if not as_json_lines:
         scope = "every byte read" if read_data else "metadata and restore point headers; --read-data reads every byte"
-        print(f"verify: {count} namespaces, {count - damaged} ok, {damaged} damaged ({scope})", flush=True)
+        print(f"verify: {log.count(count, 'namespace')}, {count - damaged} ok, {damaged} damaged ({scope})", flush=True)
     return EXIT_DAMAGED if damaged else EXIT_OK

@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping
 
+from sidecar.paths import Root, UnsafeKey, split_key
 from sidecar.points import PointEntry, PointName, chains, link_error
 from sidecar.sessionplan import RECORDS_DIR
 from sidecar.store.base import ObjectInfo, sane_version
@@ -38,6 +39,29 @@ def metadata_problems(info: ObjectInfo) -> list[str]:
     if info.size < 0:
         out.append(f"its size {info.size} is negative")
     return out
+
+
+def unsafe_entry(key: str) -> str | None:
+    """Why a point's entry key would be refused by a restore (a path out of its root, ``..``, an
+    absolute or empty component, a reserved or internal name: :func:`sidecar.paths.split_key`,
+    whatever roots are configured); None when it is a plain key. Such an entry is damage."""
+    first = key.split("/", 1)[0]
+    try:
+        split_key(key, {first: Root(first, "/")})
+    except UnsafeKey as e:
+        return str(e)
+    return None
+
+
+def version_lowered(listed: ObjectInfo, recorded: int, point: PointName) -> str | None:
+    """Why a listed object's recorded version, below the version a sound restore point records
+    for its key, cannot be right: a put never lowers a key's version, and a point is written after
+    the objects it holds, so its metadata was changed (a version field edited, or one a store
+    cannot parse, taken for 0); None when it is not below."""
+    if listed.version >= recorded:
+        return None
+    return (f"its recorded version {listed.version} is below the version {recorded} restore point {point.seq} "
+            "records for it: a put never lowers a version, so its metadata was changed")
 
 
 def elsewhere(key: str, is_namespace: Callable[[str], bool]) -> bool:
@@ -73,6 +97,10 @@ class PointCheck:
     bad_entries: list[str] = field(default_factory=list)
     gone: bool = False
     holds: set[str] = field(default_factory=set)
+    #: entries a restore would refuse (key: why)
+    unsafe: dict[str, str] = field(default_factory=dict)
+    #: each listed key's version as this point records it
+    versions: dict[str, int] = field(default_factory=dict)
 
 
 def point_problems(checks: Mapping[PointName, PointCheck]) -> dict[PointName, list[str]]:
@@ -96,6 +124,7 @@ def point_problems(checks: Mapping[PointName, PointCheck]) -> dict[PointName, li
         problems = out.setdefault(name, [])
         problems[:0] = metadata_problems(c.info) + ([c.error] if c.error else [])
         problems += [f"entry {k!r} does not match its sha256" for k in c.bad_entries]
+        problems += [f"entry {k!r} is no safe path ({why}): a restore refuses it" for k, why in c.unsafe.items()]
         if name not in in_chain:
             problems.append(f"its full point {name.base} is gone")
     return {n: p for n, p in out.items() if p}

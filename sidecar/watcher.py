@@ -146,6 +146,21 @@ def _identity(path: str) -> tuple[int, int] | None:
     return (st.st_dev, st.st_ino) if stat.S_ISDIR(st.st_mode) else None
 
 
+def _root_state(path: str) -> tuple[int, int, bool] | None:
+    """A root's :func:`_identity` and whether this process can open it; None when it is no
+    directory. Readability is part of it: a root that becomes readable again (permissions fixed,
+    a stale mount answering again: no inotify event reaches a root that was never watched) is a
+    root changed, rescanned at once, not at the next periodic reconcile."""
+    ident = _identity(path)
+    if ident is None:
+        return None
+    try:
+        os.close(os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
+    except OSError:
+        return (*ident, False)
+    return (*ident, True)
+
+
 def _utf8(name: str) -> bool:
     try:
         name.encode("utf-8")
@@ -314,7 +329,7 @@ async def watch(
     rescan: list[Root] = []
     overflow = _Overflow()
     while True:
-        ids = {r.path: _identity(r.path) for r in roots}
+        ids = {r.path: _root_state(r.path) for r in roots}
         present = [r.path for r in roots if ids[r.path] is not None]
         stop = threading.Event()
         w = _Watch(present)
@@ -372,7 +387,7 @@ async def _poll(roots: list[Root], on_roots_changed: Callable[[list[Root]], Awai
         await anyio.sleep(POLL_SECONDS)
 
 
-async def _watch_once(roots: list[Root], ids: dict[str, tuple[int, int] | None], w: _Watch, stop: threading.Event,
+async def _watch_once(roots: list[Root], ids: dict[str, tuple[int, int, bool] | None], w: _Watch, stop: threading.Event,
                       on_paths: Callable[[list[str]], Awaitable[None]], debounce_ms: int,
                       overflow: _Overflow | None = None) -> list[Root]:
     """Pump events until a root appears, disappears or is replaced, the queue may have
@@ -393,11 +408,11 @@ async def _watch_once(roots: list[Root], ids: dict[str, tuple[int, int] | None],
     async with anyio.create_task_group() as tg:
 
         async def poll_roots() -> None:
-            # quick while a root is missing; existing roots report their own removal as an event
-            interval = ROOT_POLL_SECONDS if None in ids.values() else 4 * ROOT_POLL_SECONDS
+            # quick while a root is missing or unreadable; existing roots report their own removal
+            interval = ROOT_POLL_SECONDS if any(i is None or not i[2] for i in ids.values()) else 4 * ROOT_POLL_SECONDS
             while True:
                 await anyio.sleep(interval)
-                now = [r for r in roots if _identity(r.path) != ids[r.path]]
+                now = [r for r in roots if _root_state(r.path) != ids[r.path]]
                 if now:
                     changed.extend(now)
                     tg.cancel_scope.cancel()

@@ -208,3 +208,18 @@ def test_foundry_placeholder_check_finds_a_placeholder_left(tmp_path):
     assert "no placeholders left" not in proc.stdout and "<storage-account>" in proc.stdout, proc.stdout
 
 
+
+
+def test_the_deploy_block_pasted_whole_applies_one_variant():
+    """Issue #34, item 6: the block listed an apply of each variant, so pasting it whole applied
+    all three (into one namespace). It applies ``$VARIANT``, set once to the native variant."""
+    (block,) = [b for b in bash_blocks(K8S_README) if "kubectl apply -n $NS -k $VARIANT" in b]
+    cmds = commands(block)
+    applies = [c for c in cmds if c.startswith("kubectl apply")]
+    assert applies == ["kubectl apply -n $NS -k $VARIANT"], applies
+    (chosen,) = [c for c in cmds if c.startswith("VARIANT=")]
+    variant = re.match(r"VARIANT=(\S+) WORKLOAD=(\S+)", chosen)
+    assert variant and (REPO / variant[1] / "kustomization.yaml").is_file(), chosen
+    assert variant[2] == "deploy/approval-agent"
+    for v in VARIANTS:  # each other variant is named, in a comment, for the reader to choose
+        assert f"deploy/kubernetes/{v}".rstrip("/") in block

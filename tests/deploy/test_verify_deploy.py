@@ -24,7 +24,8 @@ from kubernetes_validate import utils as kv  # noqa: E402
 
 VERIFY_DIR = K8S_DIR / "verify"
 VERIFY_ARGS = ["verify", "--read-data"]
-VERSIONS = ["1.29.0", "1.31.0", kv.latest_version()]
+#: "next to any variant": the legacy variant's clusters (1.27, 1.28) too
+VERSIONS = ["1.27.0", "1.28.0", "1.29.0", "1.31.0", kv.latest_version()]
 
 
 def weekly_cron(expr: str) -> bool:
@@ -74,7 +75,8 @@ def test_cronjob_runs_verify_weekly_like_prune(verify_docs, kustomize):
     assert 1 <= job["backoffLimit"] <= 6 and job["activeDeadlineSeconds"] > 0
     # a usage error and damage found are not retried: the same run would end the same way
     (rule,) = job["podFailurePolicy"]["rules"]
-    assert rule == {"action": "FailJob", "onExitCodes": {"containerName": "verify", "operator": "In", "values": [2, 4]}}
+    assert rule == {"action": "FailJob", "onExitCodes": {"containerName": "verify", "operator": "In", "values": [2, 4]},
+                    "onPodConditions": []}
     assert EXIT_DAMAGED in rule["onExitCodes"]["values"]
     container = cronjob_container(verify_docs)
     assert container["name"] == "verify" and container["args"] == VERIFY_ARGS and "command" not in container

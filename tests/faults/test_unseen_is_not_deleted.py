@@ -126,7 +126,8 @@ def test_an_unreadable_root_makes_the_sidecar_unready(tmp_path):
     (work / ".checkpoints").mkdir(parents=True)
     write_atomic(work / ".checkpoints" / "x.json", b"the host's, unreadable to us")
     os.chmod(work / ".checkpoints", 0)
-    env = sidecar_env(SIDECAR_STORE=str(tmp_path / "store"))
+    # no periodic rescan within the test: readable again is seen as such at once (issue #34, item 6)
+    env = sidecar_env(SIDECAR_STORE=str(tmp_path / "store"), SIDECAR_RECONCILE_INTERVAL="3600")
     sc = Sidecar(work, "sync", "--http-addr", "127.0.0.1:0", env=env, wrap=WITHOUT_DAC)
     try:
         base = f"http://{sc.wait_event('http_listening')['addr']}"
@@ -136,7 +137,8 @@ def test_an_unreadable_root_makes_the_sidecar_unready(tmp_path):
         assert f"cannot read {work / '.checkpoints'}" in body
         r = run_cli("status", "--json", cwd=work, env=env, wrap=WITHOUT_DAC)
         assert r.returncode == 1 and json.loads(r.stdout)["roots"][".checkpoints"]["unreadable"] == [".checkpoints"]
-        os.chmod(work / ".checkpoints", 0o700)  # fixed: ready after the next scan
+        os.chmod(work / ".checkpoints", 0o700)  # fixed: ready again, not at the next periodic rescan
+        wait_for(lambda: http_get(base, "/readyz")[0] == 200, 15, "/readyz to recover with the root", sc.log)
     finally:
         os.chmod(work / ".checkpoints", 0o700)
         sc.stop()

@@ -502,3 +502,29 @@ def test_a_restore_cancelled_while_the_listing_streams_in_ends_as_cancelled(tmp_
         assert scope.cancelled_caught
 
     anyio.run(main)
+
+
+def test_a_full_disk_says_how_many_files_landed_and_no_total(tmp_path, monkeypatch):
+    """Issue #34, item 6: the full-disk message gave "N of M files", M being only the files listed
+    and queued so far (restore points' files are counted as they land). It says what landed."""
+    import errno
+
+    import sidecar.restorer as restorer_mod
+    from sidecar.restorer import RestoreError
+
+    real = restorer_mod.write_restored
+    written: list[list[str]] = []
+
+    def fill_up(root, parts, *args, **kwargs):
+        if len(written) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        written.append(parts)
+        return real(root, parts, *args, **kwargs)
+
+    monkeypatch.setattr(restorer_mod, "write_restored", fill_up)
+    store = MemoryStore({f".checkpoints/{i}.json": b"x" * 10 for i in range(6)})
+    root = Root(".checkpoints", str(tmp_path / "w" / ".checkpoints"))
+    with pytest.raises(RestoreError) as e:
+        anyio.run(lambda: restore(store, [root], concurrency=1))
+    assert str(e.value) == (f"no space left on device while restoring into {root.path} (2 files restored before it "
+                            "filled up; no partial file left)")

@@ -22,7 +22,7 @@ def test_verify_exit_codes_on_a_store_run_mirrored(tmp_path):
     clean = run_cli(*verify, "--read-data", cwd=work, env=sidecar_env(SIDECAR_PREFIX="agents"))
     assert clean.returncode == 0, clean.stderr
     assert clean.stdout.splitlines()[0].startswith("ok       agents/s1 (")
-    assert clean.stdout.splitlines()[-1] == "verify: 1 namespaces, 1 ok, 0 damaged (every byte read)"
+    assert clean.stdout.splitlines()[-1] == "verify: 1 namespace, 1 ok, 0 damaged (every byte read)"
 
     data = store / "agents" / "s1" / ".checkpoints" / "r1" / "a.json"  # rot, behind the store's back
     rotten = bytearray(data.read_bytes())
@@ -42,6 +42,11 @@ def test_verify_exit_codes_on_a_store_run_mirrored(tmp_path):
     (line,) = missing.stderr.splitlines()
     assert line.startswith("checkpoint-sidecar: error: the store ") and line.endswith(" is not there: check SIDECAR_STORE")
     assert str(tmp_path / "nowhere") in line and not (tmp_path / "nowhere").exists()
+    # a prefix that leads nowhere in a store that is there agrees with a store that is not there
+    empty = run_cli("verify", "--store", str(store), "--prefix", "nothing/below", cwd=work, env=sidecar_env())
+    assert empty.returncode == 1 and empty.stdout == "", empty.stdout
+    (line,) = empty.stderr.splitlines()
+    assert "no namespace below the prefix 'nothing/below'" in line and "nothing was verified" in line, line
 
 
 def test_verify_bad_input_is_one_line(tmp_path: Path):

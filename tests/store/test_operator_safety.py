@@ -72,7 +72,10 @@ async def test_release_refuses_a_live_owner_which_goes_on_mirroring(make_store, 
     assert len(err) == 1, err
     assert "refusing to release the namespace 'sessions/approvals/s3'" in err[0]
     assert "FOUNDRY_AGENT_SESSION_ID=s3 holds it" in err[0] and " s ago by the store's clock" in err[0], err
-    assert "--force" in err[0] and "Traceback" not in err[0]
+    assert "Traceback" not in err[0]
+    # the way on is a whole command, pasteable: store, prefix, no session (issue #34, item 6)
+    assert err[0].endswith(f"SIDECAR_PREFIX={NS} SIDECAR_SESSION_NAMESPACE=off checkpoint-sidecar release --force"), err
+    assert "SIDECAR_STORE=" in err[0]
     after = await store.get(OWNER_KEY)
     assert (after[0], after[1].version) == (before[0], before[1].version)
     assert await still_owns(fence)
@@ -105,6 +108,9 @@ async def test_release_refuses_a_namespace_a_prune_is_deleting(make_store, setti
     assert await lifecycle.release(settings, roots) == 2
     [line] = capsys.readouterr().err.strip().splitlines()
     assert "a prune is deleting it" in line and "half-deleted" in line, line
+    # both ways on are whole commands, pasteable (issue #34, item 6)
+    assert f"SIDECAR_PREFIX={NS} SIDECAR_SESSION_NAMESPACE=off checkpoint-sidecar prune --older-than 7d;" in line, line
+    assert line.endswith(f"SIDECAR_PREFIX={NS} SIDECAR_SESSION_NAMESPACE=off checkpoint-sidecar release --force"), line
     assert (await store.get(OWNER_KEY))[0] == data
 
 

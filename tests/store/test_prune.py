@@ -6,9 +6,11 @@ Also the store's clock and its conditional delete."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -24,7 +26,7 @@ from sidecar.namespaces import StoreClock, walk
 from sidecar.pruner import SKIPPED, Pruner
 from sidecar.store.base import ObjectMeta
 from sidecar.store.directory import DirectoryStore
-from support import run_cli, sidecar_env
+from support import run_cli, sidecar_cmd, sidecar_env
 
 pytestmark = pytest.mark.anyio
 
@@ -188,6 +190,66 @@ async def test_a_pruned_namespace_leaves_nothing_behind(make_store):
         assert len([n for n in os.listdir(os.path.join(live.top, ".sidecar-meta")) if "lock" in n]) > 10
 
 
+@pytest.mark.parametrize("heartbeat", [0, 1.0])  # released, stale
+async def test_a_prune_cancelled_in_its_grace_puts_the_marker_back(make_store, heartbeat):
+    """Issue #34, item 6: a prune cancelled (Ctrl-C) after its pending marker left that marker, and
+    the resuming sidecar waited out a write window, saying its predecessor had not released the
+    namespace, though the prune's marker was all there was. The marker it replaced is put back:
+    a released one is released again (no wait), a stale one is the stale owner's again."""
+    store = await make_store("s1")
+    await seed(store, "s1", points=1)
+    await put_marker(store, "s1", heartbeat=heartbeat, interval=None)  # stale at once with live_within 0
+    before = sorted([i.key async for i in store.list()])
+    original = {k: v for k, v in (await read_marker(store)).items() if not k.startswith("_")}
+    top = await make_store()
+    namespaces = [n async for n in walk(top, 60.0)]
+
+    async def cancelled(namespace: str) -> None:
+        assert (await read_marker(await make_store(namespace)))["prune"] == {"phase": "pending"}
+        scope.cancel()
+
+    pruner = Pruner(lambda ns: _fresh(make_store, ns), time.time, 0.2, 0.0, 0.0, 0.0, on_pending=cancelled)
+    with anyio.CancelScope() as scope:
+        await pruner.prune(namespaces[0])
+    assert scope.cancelled_caught
+    assert sorted([i.key async for i in store.list()]) == before
+    marker = await read_marker(store)
+    assert {k: v for k, v in marker.items() if not k.startswith("_")} == original
+
+    taken = await take_for_restore(store, ident("s1"), "s1")
+    fence = Fence(store, 0.2, 30.0, identity=ident("s1"), namespace="s1", taken=taken)
+    await fence.claim()
+    assert (fence.writable_at <= time.monotonic()) == (heartbeat == 0)  # a stale owner is waited out
+
+
+async def test_prune_interrupted_in_its_grace_exits_130_and_changes_nothing(make_store, store_place, tmp_path):
+    """The process: Ctrl-C while the namespace waits its grace ends the prune (130), the released
+    marker is back as it was, and every object is kept."""
+    store = await make_store("s1")
+    await seed(store, "s1", points=1)
+    await put_marker(store, "s1", heartbeat=0, interval=900)
+    before = sorted([i.key async for i in store.list()])
+    original = (await store.get(OWNER_KEY))[0]
+    env = cli_env(store_place)
+    env["SIDECAR_FENCE_WINDOW"] = "600"  # a grace that outlasts the test: only the signal ends it
+    proc = subprocess.Popen(sidecar_cmd("prune", "--older-than", "0s", "--force"), cwd=tmp_path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        with anyio.fail_after(60):
+            while "pending" not in (await read_marker(store)).get("prune", {}).get("phase", ""):
+                assert proc.poll() is None, proc.communicate()
+                await anyio.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        out, err = await anyio.to_thread.run_sync(lambda: proc.communicate(timeout=60))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, (out, err)
+    assert "Traceback" not in err
+    assert (await store.get(OWNER_KEY))[0] == original
+    assert sorted([i.key async for i in store.list()]) == before
+
+
 class _Fresh:
     """A namespace's store made by the test's factory on open (the Pruner opens and closes it)."""
 
@@ -246,10 +308,12 @@ async def test_the_store_clock_and_conditional_delete(make_store):
 
 class _Gateway(BaseHTTPRequestHandler):
     got: list[tuple[str, str, bytes]] = []
+    auth: list[str | None] = []
 
     def do_POST(self) -> None:  # noqa: N802 (http.server's name)
         body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
         self.got.append((self.command, self.path, body))
+        self.auth.append(self.headers.get("Authorization"))
         self.send_response(200)
         self.end_headers()
 
@@ -266,12 +330,15 @@ async def test_prune_pushes_its_gauges(make_store, store_place, tmp_path):
     server = HTTPServer(("127.0.0.1", 0), _Gateway)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        url = f"http://127.0.0.1:{server.server_address[1]}"
+        # a gateway behind basic auth: the user and password in the URL (issue #34, item 6), escaped
+        url = f"http://pr%40une:s3cr%3At@127.0.0.1:{server.server_address[1]}"
         r = await anyio.to_thread.run_sync(lambda: run_cli("prune", "--older-than", "0s", "--force", "--pushgateway", url,
                                                            cwd=tmp_path, env=cli_env(store_place)))
     finally:
         server.shutdown()
     assert r.returncode == 0, r.stderr
+    assert _Gateway.auth[-1] == "Basic " + base64.b64encode(b"pr@une:s3cr:t").decode()
+    assert "s3cr" not in r.stdout + r.stderr
     method, path, body = _Gateway.got[-1]
     assert method == "POST" and path == "/metrics/job/checkpoint_sidecar_prune"
     text = body.decode()
@@ -647,10 +714,12 @@ async def test_a_prefix_with_nothing_below_it_is_empty(make_store, store_place, 
     assert len(await keys_below(make_store, "elsewhere")) == 3
 
 
-async def test_a_namespace_holding_a_leased_blob_is_refused_untouched(make_store, store_place, tmp_path):
+@pytest.mark.parametrize("leased", [".checkpoints/b.json", OWNER_KEY])
+async def test_a_namespace_holding_a_leased_blob_is_refused_untouched(make_store, store_place, tmp_path, leased):
     """A blob another client holds a lease on cannot be deleted (412 LeaseIdMissing): prune would
     mark the namespace, delete the rest and stay ``deleting`` for as long as the lease. It is seen
-    in the listing and refused before anything changes."""
+    in the listing and refused before anything changes. A leased owner marker too: it cannot be
+    marked, and the failure said "will retry" though nothing retried it (issue #34, item 6)."""
     if _backend(store_place) == "directory":
         pytest.skip("blob leases: Azure only")
     from azure.storage.blob.aio import BlobServiceClient
@@ -660,7 +729,7 @@ async def test_a_namespace_holding_a_leased_blob_is_refused_untouched(make_store
     await put_marker(store, "s1", heartbeat=0, interval=900)  # released: eligible
     url, creds = store_place
     async with BlobServiceClient.from_connection_string(creds["AZURE_STORAGE_CONNECTION_STRING"]) as svc:
-        blob = svc.get_container_client(url.rstrip("/").rsplit("/", 1)[1]).get_blob_client("s1/.checkpoints/b.json")
+        blob = svc.get_container_client(url.rstrip("/").rsplit("/", 1)[1]).get_blob_client(f"s1/{leased}")
         lease = await blob.acquire_lease(-1)
         marker_before = await store.get(OWNER_KEY)
         before = await keys_below(make_store, "s1")
@@ -669,6 +738,7 @@ async def test_a_namespace_holding_a_leased_blob_is_refused_untouched(make_store
         assert r.returncode == 3, r.stdout + r.stderr
         refused = [x for x in r.stdout.splitlines() if x.startswith("failed s1:")]
         assert len(refused) == 1 and "leased" in refused[0] and "nothing was changed" in refused[0], r.stdout
+        assert "will retry" not in r.stdout
         marker_after = await store.get(OWNER_KEY)
         assert (marker_after[0], marker_after[1].version) == (marker_before[0], marker_before[1].version)
         assert await keys_below(make_store, "s1") == before
@@ -736,7 +806,10 @@ async def test_older_than_below_an_hour_needs_force(make_store, store_place, mon
         code, out, err = await _cli(monkeypatch, capsys, store_place, "prune", *argv)
         assert code == 2, (argv, out, err)
         [line] = err.strip().splitlines()
-        assert "is below 1h" in line and "--force" in line, line
+        assert "is below 1h" in line, line
+        # the hint is the whole command, pasteable: store, prefix, flags (issue #34, item 6)
+        assert "SIDECAR_STORE=" in line and " SIDECAR_PREFIX='' SIDECAR_SESSION_NAMESPACE=off " in line, line
+        assert line.endswith(f"checkpoint-sidecar prune {' '.join(argv)} --force"), line
     code, out, err = await _cli(monkeypatch, capsys, store_place, "prune", "--dry-run", "--force",
                           SIDECAR_OLDER_THAN="0s", SIDECAR_LIVE_WITHIN="2h")  # the variables, too
     assert code == 0 and "would prune s1 (" in out, (out, err)

@@ -3,8 +3,9 @@ clean store is ok; a flipped byte in an object and in a restore point's entry is
 ``--read-data`` (and not without: their metadata is sound), naming the point that recovers the
 object; a chain missing an increment and an incremental whose full point is gone are reported; a
 damaged nested namespace does not taint its parent; an object whose metadata is gone and a point
-cut short are damaged without reading data; a missing store is one line, exit 1, and a prefix
-holding no namespace says nothing was verified; nothing is written to the store. Bytes are
+cut short are damaged without reading data; so are a version lowered in an object's metadata and
+a point entry that is no safe path; a missing store is one line, exit 1, and so is a prefix
+holding no namespace (nothing was verified); nothing is written to the store. Bytes are
 flipped through the store's own put (the old sha256 and version recorded over other bytes), so
 the same rot is made on every backend."""
 
@@ -292,8 +293,45 @@ async def test_a_prefix_with_no_namespace_says_nothing_was_verified(place, store
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     settings, _roots = load({"store": url, "prefix": "agnets"})  # a typo: the store is there, the prefix is empty
-    assert await verify.command(settings, False, False) == EXIT_OK
+    # exit 1 like a store that is not there (issue #34, item 6): nothing verified is no sound store
+    assert await verify.command(settings, False, False) == EXIT_FAIL
     out, err = capsys.readouterr()
-    assert out == "verify: 0 namespaces, 0 ok, 0 damaged (metadata and restore point headers; --read-data reads " \
-                  "every byte)\n"
-    assert "no namespace below the prefix 'agnets'" in err and "nothing was verified" in err
+    assert out == ""
+    [line] = err.splitlines()
+    assert "no namespace below the prefix 'agnets'" in line and "nothing was verified" in line
+
+
+async def test_a_version_lowered_in_an_objects_metadata_is_found_without_reading_data(place, make_store):
+    """Issue #34, item 6: a version field edited by hand (or one the store cannot parse, taken for
+    0) passed a metadata check. A point records each key's version as written, and a put never
+    lowers it: the object is damaged, and that point recovers it."""
+    s1 = await make_store(f"{PREFIX}/s1")
+    for version in (V1, 0):
+        data, _ = await s1.get(A)
+        await s1.delete(A)  # its metadata rewritten: the same bytes at a lower version
+        await put(s1, A, data, version)
+        problems = damaged((await place(False))["s1"])
+        assert problems == {A: (OBJECT, [f"its recorded version {version} is below the version {V1 + 1} restore "
+                                         f"point {V1 + 10} records for it: a put never lowers a version, so its "
+                                         "metadata was changed"], V1 + 10)}, problems
+
+
+async def test_a_point_entry_that_is_no_safe_path_is_damage(place, make_store):
+    """Issue #34, item 6: a point whose entries climb out of their root (``../``) passed verify,
+    though a restore refuses them."""
+    from sidecar.points import FULL, PointEntry, PointHeader, encode_point
+
+    s1 = await make_store(f"{PREFIX}/s1")
+    seq = V1 + 40
+    evil = {".checkpoints/../../etc/cron.d/x": b"* * * * * root sh", ".checkpoints/r1/ok.json": b"fine"}
+    entries = tuple(PointEntry(k, ObjectMeta.of(v, 1, 0o644, V1 + 39)) for k, v in evil.items())
+    key = point_key(FULL, seq, seq)
+    blob = encode_point(PointHeader(FULL, seq, seq, seq, entries), evil)
+    await s1.put(key, blob, ObjectMeta.of(blob, 1, 0o600, seq))
+    for read_data in (False, True):
+        problems = damaged((await place(read_data))["s1"])
+        assert list(problems) == [key], problems
+        kind, why, _ = problems[key]
+        assert kind == POINT and len(why) == 1, why
+        assert why[0].startswith("entry '.checkpoints/../../etc/cron.d/x' is no safe path (") and \
+            why[0].endswith("): a restore refuses it"), why
