@@ -22,7 +22,7 @@ from anyio.abc import TaskStatus
 
 from sidecar import log, metrics
 from sidecar.config import Settings
-from sidecar.fence import OWNER_KEY, Taken, take_for_restore
+from sidecar.fence import OWNER_KEY, Fenced, Taken, take_for_restore
 from sidecar.health import Health, Phase, RestorePhase
 from sidecar.known import StoreState
 from sidecar.listing import Listing, list_store
@@ -105,6 +105,10 @@ class Daemon:
         #: roots the watcher reported themselves (removed, replaced, their attributes changed)
         #: since their last scan, each with a count: their deletes wait for that scan
         self.reported: dict[str, int] = {}
+        #: set once the store was compared with the disk after a take-over, or none was needed
+        #: (see check_takeover); restore points wait for it
+        self.takeover_checked = anyio.Event()
+        self._takeover_lock = anyio.Lock()
 
     @property
     def kept_roots(self) -> set[str]:
@@ -168,8 +172,13 @@ class Daemon:
                            full_interval=s.restore_point_full_interval,
                            retention=Retention(s.restore_point_keep_all, s.restore_point_keep_hourly,
                                                s.restore_point_keep_daily),
-                           idle=self.uploader.idle, wait_idle=self.uploader.wait_idle,
+                           idle=lambda: self.takeover_checked.is_set() and self.uploader.idle(),
+                           wait_idle=self._wait_checked_idle,
                            excluded=lambda: (self.kept_roots, set(self.kept_keys)))
+
+    async def _wait_checked_idle(self) -> None:
+        await self.takeover_checked.wait()
+        await self.uploader.wait_idle()
 
     # -- phase 1: restore --------------------------------------------------------------------
     async def prepare(self) -> RestoreResult | None:
@@ -330,6 +339,7 @@ class Daemon:
                            self.roots, self._on_paths, self._on_roots_changed)
             self.health.alive(watcher=True)
             await self.reconcile(initial=True)
+            tg.start_soon(self._check_takeover_until_done)  # after the first reconcile has kept what it keeps
             tg.start_soon(self.uploader.drop_stale_bundles, self.kept_roots)
             tg.start_soon(self._reconcile_loop)
             tg.start_soon(self._watch_fence)
@@ -338,6 +348,35 @@ class Daemon:
                 tg.start_soon(self.points.run)
             self.health.set(Phase.READY, "restored and mirroring")
             task_status.started()
+
+    async def check_takeover(self) -> None:
+        """The take-over rule (docs/MIRRORING.md, "Fencing"): once the claim has waited out a
+        predecessor that had not released the namespace, one listing of the namespace and a full
+        reconcile against it. What the predecessor wrote or deleted after our restore listed the
+        store is undone: the disk, restored from the store, is the namespace's truth from the
+        claim on, so the store ends equal to it (what a reconcile keeps stays kept). Nothing when
+        the claim did not wait. Once (the mirror and the drain both ask); raises Fenced, StoreError."""
+        async with self._takeover_lock:
+            if self.takeover_checked.is_set():
+                return
+            if await self.writer.took_over():
+                listing = await list_store(self.store, self.roots)
+                await self.reconcile(remote=listing.objects, takeover=True)
+            self.takeover_checked.set()
+
+    async def _check_takeover_until_done(self) -> None:
+        """:meth:`check_takeover`, tried again while it fails (the store degraded meanwhile)."""
+        retry = self.uploader.store_health.retry(op="takeover_check")
+        while True:
+            try:
+                await self.check_takeover()
+            except Fenced:
+                return
+            except Exception as e:  # a store error, or a bug: never let it end the daemon
+                await retry.failed(e)
+            else:
+                retry.succeeded()
+                return
 
     async def _watch_fence(self) -> None:
         await self.writer.fenced.wait()
@@ -382,8 +421,9 @@ class Daemon:
         await self.reconcile(only=roots)
 
     async def reconcile(self, *, initial: bool = False, only: list[Root] | None = None,
-                        remote: dict | None = None, final: bool = False) -> int:
-        """Compare the disk with what the store is known to hold and queue the differences."""
+                        remote: dict | None = None, final: bool = False, takeover: bool = False) -> int:
+        """Compare the disk with what the store is known to hold and queue the differences
+        (``takeover``: :meth:`check_takeover`'s, against its listing ``remote``)."""
         roots = only or self.roots
         # what the store was known to hold before the scan: a key stored while the scan runs may be
         # missing from it (its directory was passed already) and must not be deleted for that
@@ -442,6 +482,11 @@ class Daemon:
         metrics.RECONCILES.labels(kind).inc()
         if final:
             log.info("final_rescan", upload=len(upload), delete=len(delete))
+        elif takeover:
+            (log.warning if upload or delete else log.info)(
+                "takeover_checked", upload=len(upload), delete=len(delete),
+                detail="the store listed again once the previous owner's write window had passed: what it changed "
+                       "after our restore is set back to this disk's state")
         elif fixes and not initial:
             metrics.RECONCILE_FIXES.inc(fixes)
             log.warning("reconcile_found_changes", kind=kind, upload=len(upload), delete=len(delete), missed=fixes,
@@ -580,6 +625,7 @@ class Daemon:
                     await self.uploader.fenced.wait()
                     scope.cancel()
                 tg.start_soon(_fenced)
+                await self._check_takeover_until_done()  # the store set back to our disk first
                 await self.uploader.wait_idle()
                 await self.reconcile(final=True)  # anything the watcher has not reported yet
                 await self.uploader.wait_idle()
@@ -593,17 +639,21 @@ class Daemon:
         if left is None:  # cut short (timeout, second signal, fenced)
             left = sorted(self.uploader.pending_keys())
         if not left:
-            try:
-                await self.writer.release(max(1.0, timeout - (time.monotonic() - t0)))
+            try:  # a take-over left unchecked keeps the namespace held: the next claim waits
+                await self.writer.release(max(1.0, timeout - (time.monotonic() - t0)), checked=self.takeover_checked)
             except StoreError as e:
                 log.warning("fence_release_failed", error=str(e))
+        unchecked = self.writer.waited and not self.takeover_checked.is_set()
+        if unchecked:  # cut short: the store may hold what the previous owner changed after our restore
+            log.error("takeover_unchecked", detail="the store was not listed again once the previous owner's write "
+                      "window had passed: it may hold changes that owner made after our restore")
         totals: dict[str, Any] = self.uploader.totals.summary
-        if left:
-            log.error("shutdown_pending", pending=len(left), paths=",".join(left[:20]),
+        if left or unchecked:
+            log.error("shutdown_pending", pending=len(left) + unchecked, paths=",".join(left[:20]),
                       seconds=round(time.monotonic() - t0, 3), **totals)
         else:
             log.info("shutdown_flushed", seconds=round(time.monotonic() - t0, 3), **totals)
-        return len(left)
+        return len(left) + unchecked
 
     async def _final_point(self) -> None:
         """The drain's last restore point, once the uploads are done. The watcher may still report

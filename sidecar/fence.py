@@ -385,6 +385,9 @@ class Fence:
         self.owner = uuid.uuid4().hex
         self.stamp = 0  # ours once claimed: see next_stamp
         self.writable_at = 0.0  # monotonic time before which we do not write
+        #: the claim waited out a predecessor that had not released the namespace: what it wrote
+        #: in its window may differ from what our restore listed (see Writer.took_over)
+        self.waited = False
         self.valid_until = 0.0  # monotonic time our last proof of ownership expires
         self.fenced: str | None = None
         self.released = False  # release() ran: nothing more of ours is written
@@ -475,6 +478,7 @@ class Fence:
             released = self.taken.released  # our take-over marker stands for the one it replaced
         wait = 0.0 if released else self.window + self.margin
         self.writable_at = now + wait
+        self.waited = wait > 0
         if wait > 0:
             log.warning("fence_wait", seconds=round(wait, 1), previous_generation=marked >> 32,
                         detail="the previous sidecar did not release this namespace; our uploads wait out its "
@@ -489,17 +493,18 @@ class Fence:
         await self._claimed.wait()
         return self.generation if self.stamp and not self.fenced else None
 
-    async def release(self, timeout: float) -> None:
+    async def release(self, timeout: float, checked: anyio.Event | None = None) -> None:
         """On a clean exit: keep the generation, clear the heartbeat, so a successor need not wait;
         no write of ours follows (:meth:`before_write` refuses from now on). A claim still under
         way (a command that ends at once) is waited for, at most ``timeout`` seconds: one that
         landed after the release would hold the namespace. Nothing is written unless our claim
-        succeeded."""
+        succeeded, nor when it waited out a predecessor and ``checked`` (the store compared with
+        the disk since) is not set: the namespace stays held, so the next claim waits too."""
         with anyio.move_on_after(timeout):
             await self._claimed.wait()
         async with self._lock:  # not in the middle of a proof or a heartbeat
             self.released = True
-            if self.fenced or not self.stamp:
+            if self.fenced or not self.stamp or (self.waited and checked is not None and not checked.is_set()):
                 return
             await self._write(self.stamp, heartbeat=0)
 

@@ -65,6 +65,21 @@ class Writer:
         fenced, or no fence)."""
         return None if self._fence is None else await self._fence.claimed_generation()
 
+    @property
+    def waited(self) -> bool:
+        """Whether the claim waited out a predecessor that had not released the namespace."""
+        return self._fence is not None and self._fence.waited
+
+    async def took_over(self) -> bool:
+        """Once the claim has ended and a held predecessor's write window has passed: whether the
+        claim waited one out (its late writes and deletes may have changed what our restore
+        listed, see docs/MIRRORING.md, "Fencing"). False without a fence or when fenced
+        (:meth:`ready` raises :class:`Fenced` when fenced during the wait)."""
+        if await self.claimed_generation() is None or not self.waited:
+            return False
+        await self.ready()
+        return True
+
     async def ready(self) -> None:
         """Wait for the claim and a predecessor's write window: call before work that precedes
         a write (reading a file, listing the store). Proves nothing; raises :class:`Fenced`."""
@@ -107,10 +122,11 @@ class Writer:
             except Exception as e:  # never let a bug in a periodic task end the daemon
                 log.error("heartbeat_failed", exc=e)
 
-    async def release(self, timeout: float) -> None:
-        """On a clean exit: :meth:`Fence.release`; no write follows."""
+    async def release(self, timeout: float, checked: anyio.Event | None = None) -> None:
+        """On a clean exit: :meth:`Fence.release`; no write follows. ``checked``: unless it is set,
+        a claim that waited out a predecessor keeps the namespace held (:meth:`took_over`)."""
         if self._fence is not None:
-            await self._fence.release(timeout)
+            await self._fence.release(timeout, checked)
 
     # -- the store interface ---------------------------------------------------------------
     def reserve_version(self) -> int:

@@ -272,6 +272,28 @@ def test_no_write_before_a_predecessors_window_has_passed():
     assert_gated(store, fence)
 
 
+@pytest.mark.parametrize("heartbeat", [5.0, 0], ids=["held", "released"])
+def test_a_take_over_is_told_once_the_predecessors_window_has_passed(heartbeat):
+    """``took_over``: True, after the window and the margin on our clock, when the predecessor had
+    not released the namespace; False at once when it had. Unchecked, a held take-over is not
+    released at the end: the next claim waits too."""
+    clock = FakeClock()
+    store = FakeStore(clock)
+    body = json.dumps({"generation": 1 << 32, "owner": "old", "heartbeat": heartbeat}).encode()
+    store.objects[OWNER_KEY] = (body, ObjectInfo(OWNER_KEY, len(body), None, 0, 0o600, version=1 << 32))
+    fence, writer = make(clock, store)
+
+    async def main() -> None:
+        await writer.claim()
+        claimed = clock.now
+        assert await writer.took_over() == bool(heartbeat)
+        assert clock.now >= claimed + (WINDOW + MARGIN if heartbeat else 0)
+        await writer.release(1.0, checked=anyio.Event())
+
+    anyio.run(main)
+    assert (json.loads(store.objects[OWNER_KEY][0])["heartbeat"] != 0) == bool(heartbeat)
+
+
 def test_a_fenced_heartbeat_never_brings_the_claim_back():
     clock = FakeClock()
     store = FakeStore(clock)
