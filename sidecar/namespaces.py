@@ -7,7 +7,6 @@ there (:meth:`Store.exists`)."""
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -18,10 +17,10 @@ import anyio
 
 from sidecar import log
 from sidecar.errors import EXIT_CONFIG, fail, first_of
-from sidecar.fence import MAX_MARKER_BYTES, OWNER_KEY, STORED_VERSION, UNREADABLE, marker_identity
+from sidecar.marker import OWNER_KEY, STORED_VERSION, marker_identity, read_marker_info
 from sidecar.namespace import SESSION_VAR, NamespaceError, references, resolve
 from sidecar.sessionplan import Group, Grouper, owner
-from sidecar.store.base import NotFound, Store, StoreError
+from sidecar.store.base import Store, StoreError
 
 if TYPE_CHECKING:
     from sidecar.config import Settings
@@ -110,29 +109,9 @@ class StoreClock:
 async def read_marker_at(store: Store, namespace: str) -> dict:
     """The owner marker of ``namespace`` (relative to ``store``'s prefix), read through the top
     store (bytes and time only: :data:`STORED_VERSION` is not trusted there); {} when absent."""
-    key = f"{namespace}/{OWNER_KEY}" if namespace else OWNER_KEY
-    try:
-        info, chunks = await store.get_stream(key)
-    except NotFound:
-        return {}
-    data = bytearray()
-    try:
-        async for chunk in chunks:
-            data += chunk
-            if len(data) > MAX_MARKER_BYTES:
-                break
-    finally:
-        close = getattr(chunks, "aclose", None)
-        if close is not None:
-            await close()
-    try:
-        value = json.loads(bytes(data)) if len(data) <= MAX_MARKER_BYTES else None
-    except (ValueError, RecursionError):
-        value = None
-    if not isinstance(value, dict):
-        return {UNREADABLE: "not a JSON object of at most 64 KiB"}
-    value[STORED_VERSION] = info.version
-    return value
+    fields, _ = await read_marker_info(store, f"{namespace}/{OWNER_KEY}" if namespace else OWNER_KEY)
+    fields.pop(STORED_VERSION, None)
+    return fields
 
 
 async def walk(store: Store, live_within: float, clock: StoreClock | None = None) -> AsyncIterator[Namespace]:

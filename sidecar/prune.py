@@ -188,7 +188,7 @@ def _without_userinfo(text: str) -> str:
 async def _enclosing_namespace(settings: Settings, prefix: str) -> str | None:
     """The namespace ``prefix`` lies strictly inside (a prefix above it holds an owner marker),
     None when there is none: pruning inside a namespace would delete a live sidecar's files."""
-    from sidecar.fence import OWNER_KEY
+    from sidecar.marker import OWNER_KEY
     from sidecar.store import make_store
     from sidecar.store.base import NotFound
 

@@ -11,9 +11,11 @@ and :meth:`sidecar.fence.Fence.claim`):
    refuses it (a SAS without delete permission) refuses the namespace the same way.
 2. **pending**: a compare-and-swap on the marker as read: a higher stamp, owner ``prune:<uuid>``,
    the same identity, ``"prune": {"phase": "pending"}``. A refused swap: skipped, nothing changed.
-3. Wait a **grace** of the fence's write window + margin: an owner that proved its ownership just
-   before (a stale one still running) has sent its last write by then, and a sidecar starting
-   meanwhile takes the namespace over (it replaces a pending prune marker before it restores).
+3. Wait a **grace** of the fence's write window + margin, the owner's as its marker records them
+   when longer than this prune's own (:func:`sidecar.marker.recorded_wait`; the pending marker
+   carries them on): an owner that proved its ownership just before (a stale one still running)
+   has sent its last write by then, and a sidecar starting meanwhile takes the namespace over (it
+   replaces a pending prune marker before it restores).
 4. **deleting**: a compare-and-swap from our pending marker to ``"phase": "deleting"`` (a higher stamp).
    Refused: a sidecar claimed the namespace during the grace: skipped, every object kept. From
    here no sidecar restores or claims it (it waits, or is fenced).
@@ -30,7 +32,7 @@ old (``deleting`` goes on deleting at once; ``pending`` starts over).
 from __future__ import annotations
 
 import contextlib
-import json
+import dataclasses
 import re
 import time
 import uuid
@@ -41,24 +43,28 @@ import anyio
 
 from sidecar import log
 from sidecar.errors import first_of, leaves
-from sidecar.fence import (
+from sidecar.marker import (
     OWNER_KEY,
     PRUNE_DELETING,
-    PRUNE_FIELD,
     PRUNE_OWNER,
     PRUNE_PENDING,
     STORED_VERSION,
-    _stamp,
+    Marker,
+    Proof,
+    held_stamp,
     later_stamp,
     marker_identity,
     next_stamp,
     read_marker,
     read_marker_info,
+    recorded_wait,
+    remove,
+    swap,
 )
 from sidecar.namespaces import Namespace
 from sidecar.paths import UnsafeKey, validate_relpath
 from sidecar.sessionplan import deleting, owner, prunable
-from sidecar.store.base import OWN_NAMESPACE, NotFound, ObjectInfo, ObjectMeta, Store, StoreError
+from sidecar.store.base import OWN_NAMESPACE, NotFound, ObjectInfo, Store, StoreError
 
 #: What happened to a namespace.
 PRUNED, WOULD_PRUNE, SKIPPED, FAILED = "pruned", "would prune", "skipped", "failed"
@@ -80,8 +86,9 @@ class Lost(Exception):
 @dataclass
 class Pruner:
     """Prunes namespaces one by one (:meth:`prune`); ``store_for(namespace)`` makes the
-    namespace's own store (not opened), ``now`` the store's clock. ``on_pending`` (tests): awaited
-    once the pending marker is written, before the grace."""
+    namespace's own store (not opened), ``now`` the store's clock, ``clock`` the monotonic one
+    its proofs are counted on. ``on_pending`` (tests): awaited once the pending marker is
+    written, before the grace."""
 
     store_for: Callable[[str], Store]
     now: Callable[[], float]
@@ -93,6 +100,7 @@ class Pruner:
     batch: int = 16
     sleep: Callable[[float], Awaitable[None]] = anyio.sleep
     on_pending: Callable[[str], Awaitable[None]] | None = None
+    clock: Callable[[], float] = time.monotonic
 
     async def prune(self, ns: Namespace) -> Result:
         """Prune ``ns`` if it still may be (see the module docstring). Never raises: whatever goes
@@ -130,26 +138,28 @@ class Pruner:
             return Result(name, WOULD_PRUNE, ns.group.objects, ns.group.bytes)
         if (why := await _deletes_refused(store)) is not None:
             return Result(name, FAILED, why=f"{why}: nothing was changed")
-        ours = PRUNE_OWNER + uuid.uuid4().hex
         identity = marker_identity(marker)
         seen = marker.get(STORED_VERSION, 0)
-        stamp = next_stamp(max(_stamp(marker.get("generation")), _stamp(seen)))
+        stamp = next_stamp(held_stamp(marker))
+        # the owner's write window as its marker records it (a pending marker carries it on)
+        window, margin = _recorded(marker, self.window, self.margin)
+        ours = Marker(stamp, PRUNE_OWNER + uuid.uuid4().hex, 0.0, identity, window=window, margin=margin)
         if not deleting(marker):  # a prune that died deleting goes on at once: nobody restores a half namespace
-            if not await _mark(store, stamp, seen, ours, identity, PRUNE_PENDING, info):
+            if not await _mark(store, ours, stamp, seen, PRUNE_PENDING, info):
                 return Result(name, SKIPPED, why="its owner marker changed meanwhile: every object kept")
             try:
                 if self.on_pending is not None:
                     await self.on_pending(name)
-                await self.sleep(self.window + self.margin)
+                await self.sleep(window + margin)
             except BaseException:  # cancelled (Ctrl-C) in the grace: nothing deleted, the marker put back
-                with anyio.CancelScope(shield=True), anyio.move_on_after(self.window + self.margin):
+                with anyio.CancelScope(shield=True), anyio.move_on_after(window + margin):
                     await _put_back(store, stamp, marker)
                 raise
             seen, stamp = stamp, later_stamp(stamp)
-        if not await _mark(store, stamp, seen, ours, identity, PRUNE_DELETING, None):
+        if not await _mark(store, ours, stamp, seen, PRUNE_DELETING, None):
             return Result(name, SKIPPED, why="a sidecar claimed it while the prune waited: every object kept")
-        objects, size = await self._delete_all(store, stamp, ours)
-        if not await store.delete_if(OWNER_KEY, stamp):
+        objects, size = await self._delete_all(store, stamp, ours.owner)
+        if not await remove(store, stamp):
             raise Lost("its objects were deleted, but the owner marker changed before it could be removed")
         return Result(name, PRUNED, objects + 1, size + (info.size if info is not None else 0))
 
@@ -182,21 +192,21 @@ class Pruner:
     async def _delete_all(self, store: Store, stamp: int, ours: str) -> tuple[int, int]:
         """Delete every object but the marker and those of nested namespaces, in batches, each
         right after a proof younger than the window. The objects and bytes deleted."""
-        proof_until = 0.0
+        proof = Proof(self.window, self.clock)
         objects = size = 0
         nested: dict[str, bool] = {}
         batch: list[ObjectInfo] = []
 
         async def flush() -> None:
-            nonlocal proof_until, objects, size
+            nonlocal objects, size
             if not batch:
                 return
-            t = time.monotonic()
-            if t >= proof_until:
+            if not proof.fresh():
+                t = proof.clock()
                 current = await read_marker(store)
                 if current.get(STORED_VERSION) != stamp or current.get("owner") != ours:
                     raise Lost(f"its owner marker was taken over during the prune ({log.count(objects, 'object')} deleted)")
-                proof_until = t + self.window  # a proof counts from its send
+                proof.proved(t)  # a proof counts from its send
             with first_of(StoreError):  # the namespace's failure, not a group of them
                 async with anyio.create_task_group() as tg:
                     for info in batch:
@@ -240,16 +250,19 @@ async def _deletes_refused(store: Store) -> str | None:
     return None
 
 
-async def _mark(store: Store, stamp: int, seen: int, ours: str, identity: dict[str, str], phase: str,
-                expected: ObjectInfo | None) -> bool:
-    """Write our prune marker at ``stamp`` if the marker is still at version ``seen``."""
-    body: dict = {"generation": stamp, "owner": ours, "heartbeat": time.time(), PRUNE_FIELD: {"phase": phase}}
-    if identity:
-        body["identity"] = identity
-    data = json.dumps(body).encode()
-    put = await store.put(OWNER_KEY, data, ObjectMeta.of(data, stamp, 0o600, version=stamp), if_version=seen,
-                          expected=expected)
-    return put.version == stamp
+def _recorded(marker: dict, window: float, margin: float) -> tuple[float, float]:
+    """The write window and margin a prune waits: its own, or the owner's as ``marker`` records
+    them (:func:`sidecar.marker.recorded_wait`) when their sum is longer."""
+    if recorded_wait(marker) <= window + margin:
+        return window, margin
+    return recorded_wait(marker) - margin, margin
+
+
+async def _mark(store: Store, ours: Marker, stamp: int, seen: int, phase: str, expected: ObjectInfo | None) -> bool:
+    """Write our prune marker (``ours`` in ``phase``, now) at ``stamp`` if the marker is still at
+    version ``seen``."""
+    marker = dataclasses.replace(ours, stamp=stamp, heartbeat=time.time(), phase=phase)
+    return (await swap(store, marker, stamp, if_version=seen, expected=expected)).version == stamp
 
 
 async def _put_back(store: Store, stamp: int, marker: dict) -> None:
@@ -260,12 +273,10 @@ async def _put_back(store: Store, stamp: int, marker: dict) -> None:
     leaves the pending marker, which any sidecar replaces (:func:`sidecar.fence.take_for_restore`)."""
     with contextlib.suppress(StoreError):
         if not marker:
-            await store.delete_if(OWNER_KEY, stamp)
+            await remove(store, stamp)
             return
-        body = {k: v for k, v in marker.items() if k != STORED_VERSION}
-        data = json.dumps(body).encode()
         again = later_stamp(stamp)
-        await store.put(OWNER_KEY, data, ObjectMeta.of(data, again, 0o600, version=again), if_version=stamp)
+        await swap(store, Marker.put_back(marker), again, if_version=stamp)
 
 
 async def _in_nested(store: Store, key: str, seen: dict[str, bool]) -> bool:

@@ -17,14 +17,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sidecar.fence import (
+from sidecar.marker import (
     MAX_STAMP,
     PRUNE_DELETING,
     PRUNE_OWNER,
     STORED_VERSION,
     UNREADABLE,
-    _number,
     is_released,
+    number,
     prune_phase,
 )
 from sidecar.store.base import OWN_NAMESPACE, ObjectInfo
@@ -124,7 +124,7 @@ class Grouper:
 
 def owner(marker: dict | None, modified: float | None, now: float, live_within: float) -> str:
     """Who owns a namespace, told from its owner marker's fields (``marker``: as
-    :func:`sidecar.fence.read_marker` gives them; None or {}: no marker), its ``modified`` and the
+    :func:`sidecar.marker.read_marker` gives them; None or {}: no marker), its ``modified`` and the
     store's current time ``now`` (both the store's clock: no two machines' clocks compared).
     ``released``: heartbeat 0. ``live``: rewritten within ``live_within`` seconds, or within twice
     the heartbeat interval the marker records, whichever is longer; always when it records 0
@@ -137,7 +137,7 @@ def owner(marker: dict | None, modified: float | None, now: float, live_within: 
         return PRUNING
     if is_released(marker):
         return RELEASED
-    interval = _number(marker.get("interval"), float) if "interval" in marker else None
+    interval = number(marker.get("interval"), float) if "interval" in marker else None
     if interval == 0 or modified is None:
         return LIVE
     if interval is not None and interval >= MAX_STAMP:
@@ -176,12 +176,12 @@ def deleting(marker: dict | None) -> bool:
 def prune_owned(marker: dict | None, *, versions: bool = True) -> bool:
     """Whether ``marker`` proves a prune had the namespace deleting: the phase ``deleting``, an
     owner ``prune:<id>``, and (``versions``) stored at the very stamp it records, as prune writes
-    it (:func:`sidecar.fence.read_marker`'s stored version). A prune writes ``deleting`` only
+    it (:func:`sidecar.marker.read_marker`'s stored version). A prune writes ``deleting`` only
     by a compare-and-swap from its own ``pending`` marker after the grace: no sidecar claimed the
     namespace meanwhile, and from then on none restores or claims it (it waits, or is fenced).
     So no live session can be behind such a marker, and the next prune may finish what a dead
     one left at once: what it deletes is what that prune was deleting."""
     if not marker or not deleting(marker) or not str(marker.get("owner", "")).startswith(PRUNE_OWNER):
         return False
-    stamp = _number(marker.get("generation"), int)
+    stamp = number(marker.get("generation"), int)
     return not versions or (stamp > 0 and marker.get(STORED_VERSION) == stamp)

@@ -23,7 +23,7 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("daemon", {"daemon"}),
     ("workers", {"http", "pointrestore", "pruner", "restoreprogress", "runner", "restorer", "uploader"}),
     ("mirroring", {"hints", "listing", "namespaces", "pointwriter", "snapshot", "watcher", "writer"}),
-    ("store access", {"fence", "retry", "sessionplan", "storeclient", "verifyplan"}),
+    ("store access", {"fence", "marker", "retry", "sessionplan", "storeclient", "takeover", "verifyplan"}),
     ("state and pure rules", {"health", "known", "plan", "points", "queue", "restoreplan"}),
     ("foundation", {"config", "configtypes", "errors", "localfs", "log", "metrics", "namespace", "paths", "restorefs",
                     "store", "tarstream"}),
