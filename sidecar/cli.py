@@ -180,8 +180,7 @@ def build_parser(only: str | None = None) -> _Parser:
     parser = _Parser(
         prog="checkpoint-sidecar",
         description="Mirror agent workflow state to durable storage and bring it back after compute recreation.",
-        epilog=_epilog(_ENV_NOTE, EXIT_CODES_HELP + "; prune: 3 some namespaces failed; verify: 4 damage found "
-                       "(each command's --help: its own)"),
+        epilog=_epilog(_ENV_NOTE, EXIT_CODES_HELP + " (each command's --help: its own)"),
     )
     parser.commands = {}
     parser.add_argument("--version", action="version", version=f"checkpoint-sidecar {__version__}")

@@ -40,16 +40,13 @@ from sidecar.plan import Protected, RootKeep, RootPresence, plan_reconcile_queue
 from sidecar.restorefs import lineage_recorded, load_kept, read_lineage, restore_cut_short, save_kept
 from sidecar.restoreplan import holds
 from sidecar.restorer import RestoreResult, check_foreign, lineage_of, record_lineage, restore
-from sidecar.retry import reported_wait, retry_transient
+from sidecar.retry import STARTUP_RETRY_SECONDS, reported_wait, retry_transient
 from sidecar.store.base import Store, StoreError
 
 if TYPE_CHECKING:
     from sidecar.pointwriter import PointWriter
     from sidecar.uploader import Uploader
     from sidecar.writer import Writer
-
-#: How long start-up keeps retrying a store that answers with transient errors before giving up.
-STARTUP_RETRY_SECONDS = 10.0
 
 
 class Daemon:

@@ -14,12 +14,16 @@ from contextlib import contextmanager
 from sidecar import log
 
 EXIT_OK, EXIT_FAIL, EXIT_CONFIG, EXIT_PENDING = 0, 1, 2, 75
+#: ``prune``: some eligible namespaces could not be pruned; ``verify``: some namespace is damaged.
+EXIT_PARTIAL, EXIT_DAMAGED = 3, 4
 
 #: The exit codes and what each means (``status``: 1 when not in sync).
 EXIT_MEANINGS: dict[int, str] = {
     EXIT_OK: "ok",
     EXIT_FAIL: "runtime failure",
     EXIT_CONFIG: "bad configuration",
+    EXIT_PARTIAL: "some namespaces failed (prune)",
+    EXIT_DAMAGED: "damage found (verify)",
     EXIT_PENDING: "stopped with changes pending",
 }
 #: ``run``'s codes beyond those: its child's, or fenced.

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 def row(name: PointName, info: ObjectInfo, files: int | None, deleted: int | None, error: str | None,
         in_chain: bool) -> dict:
     """One point as ``history --json`` prints it."""
-    from sidecar.pointrestore import rfc3339
+    from sidecar.log import rfc3339
 
     out: dict = {"time": rfc3339(info.modified), "kind": name.kind, "files": files, "bytes": info.size,
                  "seq": name.seq, "base": name.base, "key": info.key}
@@ -56,11 +56,11 @@ async def command(settings: Settings, as_json: bool) -> int:
     from sidecar import log
     from sidecar.pointrestore import list_points, read_header
     from sidecar.points import PointError, chains
-    from sidecar.retry import retry_transient
+    from sidecar.retry import STARTUP_RETRY_SECONDS, retry_transient
     from sidecar.store.base import NotFound, StoreError
 
     store = open_store(settings, read_only=True)
-    deadline = time.monotonic() + 10.0
+    deadline = time.monotonic() + STARTUP_RETRY_SECONDS
     try:
         await retry_transient(store.open, "open", deadline)
         if why := await missing(store):  # "no restore points" would hide a typo in SIDECAR_STORE

@@ -368,11 +368,11 @@ async def restore_as_of(settings: Settings, roots: list[Root], store: Store, whe
     from sidecar.pointrestore import AsOfError, aside_line, rfc3339
     from sidecar.pointrestore import restore_as_of as fill
     from sidecar.restorer import ForeignDisk, check_foreign, lineage_of
-    from sidecar.retry import retry_transient
+    from sidecar.retry import STARTUP_RETRY_SECONDS, retry_transient
     from sidecar.store.base import StoreError
 
     ns = settings.namespace
-    deadline = time.monotonic() + 10.0
+    deadline = time.monotonic() + STARTUP_RETRY_SECONDS
     try:
         # --force-restore over another namespace's disk would record it as this one's, its files kept
         await check_foreign(roots, lineage_of(store, ns.path), IgnoreRules(settings.ignore))
@@ -435,12 +435,9 @@ async def _held_live(store: Store, live_within: float, store_url: str, namespace
 
 def _ago(modified: float | None, now: float) -> str:
     """``at <RFC 3339 UTC>, N s ago`` for a store time."""
-    import datetime
-
     if modified is None:
         return "at a time the store does not tell"
-    at = datetime.datetime.fromtimestamp(modified, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-    return f"at {at}, {max(0, round(now - modified))} s ago"
+    return f"at {log.rfc3339(modified)}, {max(0, round(now - modified))} s ago"
 
 
 async def release(settings: Settings, roots: list[Root], force: bool = False) -> int:
@@ -455,14 +452,14 @@ async def release(settings: Settings, roots: list[Root], force: bool = False) ->
 
     from sidecar.fence import hand_over
     from sidecar.namespace import describe_identity
-    from sidecar.retry import retry_transient
+    from sidecar.retry import STARTUP_RETRY_SECONDS, retry_transient
     from sidecar.store.base import StoreError
 
     del roots  # the namespace is the store's, whatever roots are configured
     # creates nothing; its clock is the store's own (a probe file on a directory store: it writes anyway)
     store = open_store(settings, read_only=True, writes=True)
     where = settings.namespace.path or "(top of the store)"
-    deadline = time.monotonic() + 10.0
+    deadline = time.monotonic() + STARTUP_RETRY_SECONDS
     try:
         await retry_transient(store.open, "open", deadline)
         if why := await missing(store):  # "nothing to release" would hide a typo in SIDECAR_STORE

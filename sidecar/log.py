@@ -14,6 +14,7 @@ Nothing here ever formats a secret: callers pass keys and paths, never credentia
 
 from __future__ import annotations
 
+import datetime
 import json
 import logging
 import os
@@ -111,6 +112,15 @@ def no_surrogates(text: str) -> str:
         return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
+def rfc3339(t: float | None) -> str:
+    """A time (unix seconds: the store's clock, a log record's) as RFC 3339 UTC with milliseconds,
+    ``2026-01-02T03:04:05.678Z``, as ``restore --as-of`` takes it back; ``-`` when unknown."""
+    if t is None:
+        return "-"
+    return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).isoformat(timespec="milliseconds").replace(
+        "+00:00", "Z")
+
+
 #: characters ``str.splitlines`` breaks on that ``json.dumps(ensure_ascii=False)`` leaves raw
 _JSON_BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
 
@@ -118,7 +128,7 @@ _JSON_BREAKS = str.maketrans({"\x85": "\\u0085", "\u2028": "\\u2028", "\u2029": 
 class _JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, Any] = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "ts": rfc3339(record.created),
             "level": record.levelname.lower(),
             "event": record.getMessage(),
         }

@@ -30,6 +30,7 @@ import anyio.to_thread
 
 from sidecar import log
 from sidecar.localfs import UnsafeTarget, has_regular_files
+from sidecar.log import rfc3339
 from sidecar.paths import IgnoreRules, Root, UnsafeKey, is_within, split_key
 from sidecar.points import (
     POINT_DIR,
@@ -84,14 +85,6 @@ INLINE_WRITE_MAX = 256 * 1024
 class AsOfError(Exception):
     """``restore --as-of`` cannot fill the roots (one line: no point at or before the time, a root
     holds files, a point unreadable)."""
-
-
-def rfc3339(t: float | None) -> str:
-    """A store time as RFC 3339 UTC with milliseconds; ``-`` when unknown."""
-    if t is None:
-        return "-"
-    return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).isoformat(timespec="milliseconds").replace(
-        "+00:00", "Z")
 
 
 async def list_points(store: Store, deadline: float = 0.0) -> dict[PointName, ObjectInfo]:

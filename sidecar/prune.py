@@ -39,7 +39,7 @@ import anyio.to_thread
 
 from sidecar import log
 from sidecar.config import Settings
-from sidecar.errors import EXIT_CONFIG, EXIT_FAIL, EXIT_OK, fail
+from sidecar.errors import EXIT_CONFIG, EXIT_FAIL, EXIT_OK, EXIT_PARTIAL, fail
 from sidecar.namespace import command_for
 from sidecar.namespaces import Namespace, StoreClock, full_name, namespace_store, start_operator, walk
 from sidecar.pruner import FAILED, PRUNED, SKIPPED, WOULD_PRUNE, Pruner, Result
@@ -47,7 +47,6 @@ from sidecar.sessionplan import prunable
 from sidecar.store.base import Store, StoreError
 from sidecar.storeclient import missing, open_store
 
-EXIT_PARTIAL = 3
 #: The store itself (the directory, the container) is not there: nothing can be listed.
 EXIT_MISSING = EXIT_FAIL
 #: The least --older-than taken without --force (seconds): below it prune would delete sessions

@@ -24,6 +24,9 @@ BACKOFF_START = 0.1
 BACKOFF_MAX = 30.0
 #: Longest wait between retries while the store is full (StoreFull): space can come back any time.
 FULL_RETRY_MAX = 2.0
+#: How long start-up (and a command's opening of the store) keeps retrying a store that answers
+#: with transient errors before giving up: the deadline :func:`retry_transient` is given.
+STARTUP_RETRY_SECONDS = 10.0
 
 
 def backoff(attempt: int) -> float:

@@ -8,7 +8,6 @@ so far stand). Every session's namespace below ``SIDECAR_PREFIX``, whatever
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
 from typing import Any
 
 from sidecar import log
@@ -19,29 +18,22 @@ from sidecar.namespaces import Namespace, full_name, start_operator, walk
 from sidecar.store.base import StoreError
 from sidecar.storeclient import missing, open_store
 
-HEADER = f"{'NAMESPACE':<44} {'OWNER':<8} {'FILES':>7} {'BYTES':>12} {'LAST WRITE (UTC)':<20} {'POINTS':>6}  IDENTITY"
-
-
-def rfc3339(t: float | None) -> str | None:
-    """A store time as RFC 3339 UTC (``2026-01-02T03:04:05Z``); None when not known."""
-    if t is None:
-        return None
-    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+HEADER = f"{'NAMESPACE':<44} {'OWNER':<8} {'FILES':>7} {'BYTES':>12} {'LAST WRITE (UTC)':<24} {'POINTS':>6}  IDENTITY"
 
 
 def as_json(ns: Namespace, prefix: str) -> dict[str, Any]:
     """The ``--json`` object of one namespace."""
     g = ns.group
+    last_write = log.rfc3339(g.last_write) if g.last_write is not None else None
     return {"namespace": full_name(prefix, g.namespace), "identity": ns.identity, "files": g.files,
-            "objects": g.objects, "bytes": g.bytes, "last_write": rfc3339(g.last_write), "owner": ns.owner,
-            "points": g.points}
+            "objects": g.objects, "bytes": g.bytes, "last_write": last_write, "owner": ns.owner, "points": g.points}
 
 
 def as_text(ns: Namespace, prefix: str) -> str:
     """The text line of one namespace (every name escaped: a key cannot forge a line)."""
     g = ns.group
     name = log.printable(full_name(prefix, g.namespace) or "(top of the store)")
-    return (f"{name:<44} {ns.owner:<8} {g.files:>7} {g.bytes:>12} {rfc3339(g.last_write) or '-':<20} {g.points:>6}  "
+    return (f"{name:<44} {ns.owner:<8} {g.files:>7} {g.bytes:>12} {log.rfc3339(g.last_write):<24} {g.points:>6}  "
             f"{log.printable(describe_identity(ns.identity))}")
 
 

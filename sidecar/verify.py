@@ -40,9 +40,10 @@ from typing import TYPE_CHECKING, AsyncIterator, Callable
 import anyio
 
 from sidecar import log
-from sidecar.errors import EXIT_OK, fail, first_of
+from sidecar.errors import EXIT_DAMAGED, EXIT_OK, fail, first_of
+from sidecar.log import rfc3339
 from sidecar.namespaces import full_name, groups, namespace_store, start_operator
-from sidecar.pointrestore import close_stream, open_point, rfc3339
+from sidecar.pointrestore import close_stream, open_point
 from sidecar.points import EntryMismatch, PointError, PointName, parse_point_key
 from sidecar.retry import retry_transient
 from sidecar.store.base import NotFound, ObjectInfo, Store, StoreError
@@ -68,8 +69,6 @@ from sidecar.verifyplan import (
 if TYPE_CHECKING:
     from sidecar.config import Settings
 
-#: ``verify``'s exit code when some namespace is damaged (0 ok, 1 the store cannot be read, 2 usage).
-EXIT_DAMAGED = 4
 #: Objects (or points) read at once at most, each holding a chunk and one read ahead.
 PARALLEL = 4
 #: Chunks fetched ahead while an object is read (as a restore reads a point).

@@ -1,5 +1,6 @@
 """Each helper exists once in ``sidecar/``: one escaper (:func:`sidecar.log.printable`), one
-redactor (:func:`sidecar.log.redact`), one warn-once, one exit-code table."""
+redactor (:func:`sidecar.log.redact`), one warn-once, one exit-code table, one time format, one
+start-up deadline."""
 
 from __future__ import annotations
 
@@ -54,3 +55,20 @@ def test_one_exit_code_table():
     assert set(errors.EXIT_MEANINGS) == constants
     docs = (SIDECAR.parent / "docs" / "OPERATIONS.md").read_text()
     assert all(f"| `{code}` |" in docs for code in errors.EXIT_MEANINGS), "docs/OPERATIONS.md: Exit codes"
+    # every command's own code is in the table too (prune's 3, verify's 4), defined there only
+    assert {3, 4} <= set(errors.EXIT_MEANINGS)
+    assert where(r"^EXIT_[\w, ]*=\s*\d") == ["errors.py"]
+
+
+def test_one_time_format():
+    """One clock, one format: store and log times as RFC 3339 UTC with milliseconds (two functions
+    gave two precisions)."""
+    assert where(r"^\s*def \w*rfc3339\w*\(") == ["log.py"]
+    assert where(r"%Y-%m-%dT%H") == []
+    assert log.rfc3339(1796119200.5) == "2026-12-01T10:00:00.500Z" and log.rfc3339(None) == "-"
+
+
+def test_one_startup_deadline():
+    """The start-up's retry deadline is one constant (it was written four times)."""
+    assert where(r"^STARTUP_RETRY_SECONDS\s*=") == ["retry.py"]
+    assert where(r"monotonic\(\)\s*\+\s*\d") == []
