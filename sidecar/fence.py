@@ -53,29 +53,19 @@ from typing import Awaitable, Callable
 import anyio
 
 from sidecar import log
-from sidecar.marker import (  # noqa: F401 (the marker's names were this module's: still importable here)
-    MAX_MARKER_BYTES,
-    MAX_STAMP,
+from sidecar.marker import (  # noqa: F401 (OWNER_KEY, marker_identity: the daemon and lifecycle import them here)
     OWNER_KEY,
     PRUNE_DELETING,
-    PRUNE_FIELD,
-    PRUNE_OWNER,
     PRUNE_PENDING,
-    RESUMING,
     STORED_VERSION,
-    UNREADABLE,
     Marker,
     Proof,
-    counted_version,
     floor_stamp,
     held_stamp,
     is_released,
-    later_stamp,
-    marker_generation,
     marker_identity,
     next_stamp,
     prune_phase,
-    read_marker,
     read_marker_info,
     stamp_of,
     stored_max_version,
@@ -83,22 +73,11 @@ from sidecar.marker import (  # noqa: F401 (the marker's names were this module'
 )
 from sidecar.store.base import (  # noqa: F401 (the version constants are part of this module's interface)
     MAX_FLOOR_GENERATION,
-    OWN_NAMESPACE,
     VERSION_COUNTER_BITS,
     ObjectInfo,
     Store,
 )
-from sidecar.takeover import (  # noqa: F401 (take-over and hand-over were this module's: still importable here)
-    HANDED_OVER,
-    PRUNE_WAIT_SECONDS,
-    Handover,
-    IdentityConflict,
-    Taken,
-    check_identity,
-    conflict,
-    hand_over,
-    take_for_restore,
-)
+from sidecar.takeover import IdentityConflict, Taken, conflict, hand_over, take_for_restore  # noqa: F401 (likewise)
 
 #: fence_wait's words when the marker found was a prune's ``pending`` one, not a sidecar's.
 PRUNE_LEFT = ("a prune that did not end (killed, or cut short) left its pending marker on this namespace, so "

@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sidecar import log
-from sidecar.fence import counted_version
 from sidecar.localfs import unmirrorable_reason
+from sidecar.marker import counted_version
 from sidecar.paths import Root, UnsafeKey, split_key
 from sidecar.plan import ShapeConflicts
 from sidecar.points import POINT_DIR

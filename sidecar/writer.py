@@ -22,7 +22,8 @@ from typing import AsyncIterator
 import anyio
 
 from sidecar import log, metrics
-from sidecar.fence import OWNER_KEY, Fence, Fenced
+from sidecar.fence import Fence, Fenced
+from sidecar.marker import OWNER_KEY
 from sidecar.store.base import ObjectInfo, ObjectMeta, Source, Store, StoreError
 
 

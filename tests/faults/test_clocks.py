@@ -57,7 +57,7 @@ def test_a_future_mtime_never_freezes_a_key(kind, tmp_path, request):
 
 @pytest.mark.parametrize("kind", ["directory", pytest.param("azure", marks=pytest.mark.azure)])
 def test_a_predecessor_clock_an_hour_ahead_delays_uploads_by_one_window(kind, tmp_path, request):
-    from sidecar.fence import OWNER_KEY
+    from sidecar.marker import OWNER_KEY
     from sidecar.store import make_store
     from sidecar.store.base import ObjectMeta
 

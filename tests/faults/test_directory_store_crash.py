@@ -84,7 +84,7 @@ def test_an_older_owner_marker_is_refused_while_the_record_is_being_replaced(tmp
     """Between a replacement's removal of the old record and its new one, the object has no
     record; the stamp on the sidecar's own objects (the fence's owner marker) must still hold,
     or an older sidecar's marker would be accepted in that moment."""
-    from sidecar.fence import OWNER_KEY
+    from sidecar.marker import OWNER_KEY
 
     marker = b'{"generation": 2}'
     older = b'{"generation": 1}'

@@ -81,7 +81,7 @@ def test_losing_a_simultaneous_claim_fences_us_before_any_write(tmp_path):
 
     from sidecar.config import load
     from sidecar.daemon import Daemon
-    from sidecar.fence import OWNER_KEY
+    from sidecar.marker import OWNER_KEY
     from sidecar.store import make_store
     from sidecar.store.base import ObjectMeta
 
@@ -130,7 +130,7 @@ def _recording_store(path, slow_owner_read: float = 0.0, refuse_owner_write: boo
     the owner marker), to see what reaches the store before the claim."""
     import anyio
 
-    from sidecar.fence import OWNER_KEY
+    from sidecar.marker import OWNER_KEY
     from sidecar.store.base import StoreError
     from sidecar.store.directory import DirectoryStore
 
@@ -163,7 +163,7 @@ def test_no_write_or_delete_reaches_the_store_before_the_claim(tmp_path):
 
     from sidecar.config import load
     from sidecar.daemon import Daemon
-    from sidecar.fence import OWNER_KEY
+    from sidecar.marker import OWNER_KEY
     from sidecar.snapshot import bundle_key, encode_bundle
     from sidecar.store.base import ObjectMeta
 
@@ -234,7 +234,8 @@ def test_two_claims_of_the_same_generation_leave_exactly_one_owner(tmp_path):
     owners.) Repeated, so that both orders of the two writes come up."""
     import anyio
 
-    from sidecar.fence import OWNER_KEY, Fence, Fenced
+    from sidecar.fence import Fence, Fenced
+    from sidecar.marker import OWNER_KEY
     from sidecar.store.base import NotFound
     from sidecar.store.directory import DirectoryStore
 
@@ -306,7 +307,8 @@ def test_a_snapshot_commit_stops_at_the_first_write_after_it_is_fenced(tmp_path)
     commit: once a newer sidecar owns the prefix, not one more of our writes reaches it."""
     import anyio
 
-    from sidecar.fence import OWNER_KEY, Fence, Fenced
+    from sidecar.fence import Fence, Fenced
+    from sidecar.marker import OWNER_KEY
     from sidecar.paths import IgnoreRules, make_roots
     from sidecar.store.base import ObjectMeta
     from sidecar.store.directory import DirectoryStore

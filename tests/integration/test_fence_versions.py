@@ -83,7 +83,7 @@ def test_a_server_side_copy_of_a_namespace_can_be_written_to(target, tmp_path):
 
 def _put_marker(target: Target, namespace: str, body: bytes) -> None:
     """Put an owner marker back as a sidecar stores it (version = its stamp)."""
-    from sidecar.fence import OWNER_KEY
+    from sidecar.marker import OWNER_KEY
     from sidecar.store.base import ObjectMeta
 
     stamp = json.loads(body)["generation"]

@@ -8,7 +8,7 @@ import json
 
 import anyio
 
-from sidecar.fence import OWNER_KEY
+from sidecar.marker import OWNER_KEY
 from sidecar.store.base import NotFound
 from sidecar.store.directory import DirectoryStore
 from support import Sidecar, run_cli, sidecar_env, wait_for

@@ -315,7 +315,7 @@ def test_an_older_copy_is_merged_when_the_owner_marker_is_deleted_or_rolled_back
     holds a later generation: merged, the store keeps a2 and c.json."""
     import anyio
 
-    from sidecar.fence import OWNER_KEY
+    from sidecar.marker import OWNER_KEY
     from sidecar.store.base import ObjectMeta
     from sidecar.store.directory import DirectoryStore
 

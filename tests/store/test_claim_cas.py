@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from sidecar.fence import Fence, Fenced, read_marker
+from sidecar.fence import Fence, Fenced
+from sidecar.marker import read_marker
 from sidecar.store.base import ObjectMeta
 
 pytestmark = pytest.mark.anyio

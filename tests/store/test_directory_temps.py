@@ -17,7 +17,7 @@ import anyio
 import anyio.to_thread
 import pytest
 
-from sidecar.fence import OWNER_KEY
+from sidecar.marker import OWNER_KEY
 from sidecar.store.base import ObjectMeta
 from sidecar.store.directory import DirectoryStore
 from sidecar.store.dirfs import TMP_PREFIX

@@ -20,7 +20,7 @@ import anyio
 import pytest
 
 from sidecar.errors import EXIT_CONFIG
-from sidecar.fence import OWNER_KEY
+from sidecar.marker import OWNER_KEY
 from sidecar.store.base import NotFound, ObjectMeta
 from support import disk_tree, write_atomic
 from tests.inprocess import InProcess, run_sync, settings_for

@@ -12,7 +12,8 @@ import pytest
 
 from sidecar import lifecycle
 from sidecar.config import load
-from sidecar.fence import OWNER_KEY, Fence, Fenced
+from sidecar.fence import Fence, Fenced
+from sidecar.marker import OWNER_KEY
 from sidecar.store.base import ObjectMeta
 from tests.pointkit import write_point
 

@@ -21,11 +21,13 @@ from pathlib import Path
 import anyio
 import pytest
 
-from sidecar.fence import OWNER_KEY, Fence, Fenced, Taken, read_marker, take_for_restore
+from sidecar.fence import Fence, Fenced
+from sidecar.marker import OWNER_KEY, read_marker
 from sidecar.namespaces import StoreClock, walk
 from sidecar.pruner import SKIPPED, Pruner
 from sidecar.store.base import ObjectMeta
 from sidecar.store.directory import DirectoryStore
+from sidecar.takeover import Taken, take_for_restore
 from support import run_cli, sidecar_cmd, sidecar_env
 
 pytestmark = pytest.mark.anyio

@@ -21,7 +21,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from sidecar.fence import OWNER_KEY, read_marker_info
+from sidecar.marker import OWNER_KEY, read_marker_info
 from sidecar.store.base import VERSION_COUNTER_BITS, ObjectMeta
 from support import write_atomic
 from tests.inprocess import InProcess, run_sync, settings_for

@@ -21,7 +21,7 @@ from pointkit import write_point
 from sidecar import verify
 from sidecar.config import load
 from sidecar.errors import EXIT_FAIL, EXIT_OK
-from sidecar.fence import OWNER_KEY
+from sidecar.marker import OWNER_KEY
 from sidecar.namespaces import full_name
 from sidecar.points import point_key
 from sidecar.store import registry

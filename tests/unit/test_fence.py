@@ -8,19 +8,11 @@ import json
 import anyio
 import pytest
 
-from sidecar.fence import (
-    MAX_FLOOR_GENERATION,
-    OWNER_KEY,
-    VERSION_COUNTER_BITS,
-    Fence,
-    counted_version,
-    floor_stamp,
-    hand_over,
-    next_stamp,
-    read_marker,
-)
+from sidecar.fence import MAX_FLOOR_GENERATION, VERSION_COUNTER_BITS, Fence
+from sidecar.marker import OWNER_KEY, counted_version, floor_stamp, next_stamp, read_marker
 from sidecar.store.base import ObjectMeta
 from sidecar.store.directory import DirectoryStore
+from sidecar.takeover import hand_over
 
 
 def version(generation: int, write: int) -> int:

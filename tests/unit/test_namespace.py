@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from sidecar.config import ConfigError, load
-from sidecar.fence import conflict, marker_identity
+from sidecar.marker import marker_identity
 from sidecar.namespace import Namespace, NamespaceError, check_template, references, resolve
+from sidecar.takeover import conflict
 
 FOUNDRY = {"FOUNDRY_AGENT_NAME": "approvals", "FOUNDRY_AGENT_SESSION_ID": "sess-1"}
 

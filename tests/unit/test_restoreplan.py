@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sidecar.fence import marker_generation, next_stamp
+from sidecar.marker import marker_generation, next_stamp
 from sidecar.restorefs import Lineage
 from sidecar.restoreplan import (
     Candidates,

@@ -109,7 +109,7 @@ def test_a_dead_prunes_deleting_marker_is_finished_at_once_when_it_proves_the_pr
     """A prune writes ``deleting`` only after its grace, by a swap from its own pending marker:
     no live session is behind it, so the next prune need not wait --live-within. Only such a
     marker: a prune's owner, stored at the stamp it records (unless the version is not known)."""
-    from sidecar.fence import STORED_VERSION
+    from sidecar.marker import STORED_VERSION
 
     now, stamp = 1000.0, 7 << 32
     proven = {"generation": stamp, "owner": "prune:ab", "prune": {"phase": "deleting"}, STORED_VERSION: stamp}

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 import anyio
 import pytest
 
-from sidecar.fence import OWNER_KEY, STORED_VERSION, Fence, Fenced, read_marker
+from sidecar.fence import Fence, Fenced
+from sidecar.marker import OWNER_KEY, STORED_VERSION, read_marker
 from sidecar.store.base import NotFound, ObjectInfo, ObjectMeta
 from tests.memstore import FakeClock
 
