@@ -89,8 +89,10 @@ class Fenced(Exception):
 
 
 class Fence:
-    """The owner marker's only writer (see the protocol above). ``clock`` is the monotonic clock
-    windows are counted on and ``sleep`` waits on it (both replaceable by a test's fake clock)."""
+    """Ownership of the namespace (see the protocol above); its marker written through
+    :mod:`sidecar.marker`. ``clock`` is the monotonic clock windows are counted on (its
+    :class:`~sidecar.marker.Proof`'s) and ``sleep`` waits on it (both replaceable by a test's
+    fake clock)."""
 
     def __init__(self, store: Store, window: float = 2.0, margin: float = 8.0,
                  identity: dict[str, str] | None = None, namespace: str = "",

@@ -1,6 +1,6 @@
 """Pruning one namespace: taken through its owner marker like any owner, deleted whole, marker last.
 
-The protocol (docs/NAMESPACES.md, "Pruning"; the sidecar's side: :func:`sidecar.fence.take_for_restore`
+The protocol (docs/NAMESPACES.md, "Pruning"; the sidecar's side: :func:`sidecar.takeover.take_for_restore`
 and :meth:`sidecar.fence.Fence.claim`):
 
 1. Read the marker (the namespace's own store, as its sidecar reads it) and decide again by the
@@ -270,7 +270,7 @@ async def _put_back(store: Store, stamp: int, marker: dict) -> None:
     again over its pending one (a compare-and-swap on ``stamp``; none: its own removed), so that
     the namespace is as it was: a sidecar resuming a released one need not wait out a write
     window, nor take a pending prune marker for an owner that did not release it. A failure
-    leaves the pending marker, which any sidecar replaces (:func:`sidecar.fence.take_for_restore`)."""
+    leaves the pending marker, which any sidecar replaces (:func:`sidecar.takeover.take_for_restore`)."""
     with contextlib.suppress(StoreError):
         if not marker:
             await remove(store, stamp)

@@ -6,8 +6,8 @@ none once fenced or released, and each write stamped with the next version
 (:meth:`~sidecar.fence.Fence.next_version`). The writer satisfies the store interface, so per-file
 puts and deletes (:mod:`sidecar.uploader`), snapshot bundles and their cleanup
 (:class:`sidecar.snapshot.Committer`) hold it instead of the store; reads pass through unchanged.
-The owner marker is the fence's alone: the writer refuses to write it, and the fence's own reads
-and writes use the store directly.
+The owner marker is not the writer's: it refuses to write it, and the fence's own reads and
+writes go to the store directly, through :mod:`sidecar.marker`.
 
 Work that takes long before a write (reading and hashing a file, listing the store) waits for
 :meth:`Writer.ready` first, which proves nothing: the proof is taken inside :meth:`Writer.put` and
