@@ -36,7 +36,7 @@ from sidecar.listing import Listing
 from sidecar.localfs import STREAM_MIN, ByteBudget, UnsafeTarget, body_bytes, has_regular_files, local_matches
 from sidecar.paths import IgnoreRules, Root, UnsafeKey, split_key
 from sidecar.plan import RootDecision, ShapeConflicts
-from sidecar.pointrestore import PointFeed, write_streamed
+from sidecar.pointrestore import BatchWriter, PointFeed, Small, write_streamed
 from sidecar.restorefs import (
     ChecksumMismatch,
     Lineage,
@@ -170,6 +170,7 @@ class _Restore:
         self.bodies = ByteBudget()  # the downloads' bytes in memory
         self.send, self.receive = anyio.create_memory_object_stream[_Item](math.inf)
         self.points = PointFeed(store, merging, max_file_size)
+        self.point_writes: BatchWriter | None = None  # a point's small files, while it is streamed
 
     def _queue(self, root: Root, info: ObjectInfo) -> None:
         self._start(root)
@@ -252,7 +253,11 @@ class _Restore:
         try:
             await self.points.prepare(deadline)
             await self.listed.wait()
-            for root, info in await self.points.place(self._place_from_point):
+            async with anyio.create_task_group() as writes:  # every small file written before the rest is queued
+                self.point_writes = BatchWriter(writes, self._written)
+                left = await self.points.place(self._place_from_point)
+                await self.point_writes.flush()
+            for root, info in left:
                 self._queue(root, info)
         finally:
             await self.points.close()  # (a restore failing meanwhile leaves none open)
@@ -260,9 +265,40 @@ class _Restore:
 
     async def _place_from_point(self, root: Root, info: ObjectInfo, body: AsyncIterator[bytes]) -> None:
         await self.overlay_known[root.name].wait()
-        if not self._bundle_wins(root.name, info.key, info):  # else the bundle decides it
-            meta = ObjectMeta(info.size, info.sha256 or "", info.mtime_ns, info.mode, info.version)
-            await self._place_bundled(root, Change(info.key, None, meta), body)
+        if self._bundle_wins(root.name, info.key, info):
+            return  # the bundle decides it
+        if info.size <= INLINE_WRITE_MAX and self.point_writes is not None:  # written in a batch, in a thread
+            data = b"".join([chunk async for chunk in body])  # checked against its entry's sha256 as it arrived
+            _, parts = split_key(info.key, self.by_name)  # checked when listed
+            self._start(root)
+            self.progress.expect(info.size)
+            if name := generated_name(data):
+                self.result.generated_names.add(name)
+            await self.point_writes.add(Small(root, parts, info, data))
+            return
+        meta = ObjectMeta(info.size, info.sha256 or "", info.mtime_ns, info.mode, info.version)
+        await self._place_bundled(root, Change(info.key, None, meta), body)
+
+    def _written(self, small: Small, outcome: Exception | None) -> None:
+        """A file of a point's batch written (``outcome`` None), or kept out."""
+        if outcome is None:
+            self.progress.add(small.info.size)
+            metrics.restored(small.info.size)
+        elif isinstance(outcome, UnsafeTarget):
+            self._refused_target(small.info.key, outcome, small.info.size)
+        else:
+            raise self._write_failed(small.root, small.info.key, outcome)
+
+    def _refused_target(self, key: str, e: UnsafeTarget, size: int) -> None:
+        log.error("restore_refused_target", path=key, reason=str(e))
+        self.result.refused.append(key)
+        self.progress.forget(size)
+
+    def _write_failed(self, root: Root, key: str, e: Exception) -> RestoreError:
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+            return RestoreError(f"no space left on device while restoring into {root.path} ({self.progress.files} "
+                                f"of {self.progress.total_files} files restored; no partial file left)")
+        return RestoreError(f"cannot write {key} into {root.path}: {getattr(e, 'strerror', None) or e}")
 
     async def overlay(self, root: Root, deadline: float) -> None:
         """Read the root's bundle, if a snapshot commit was cut short: it holds the newer state of
@@ -369,17 +405,12 @@ class _Restore:
             else:
                 await write_streamed(root, parts, body, ObjectInfo(c.key, m.size, m.sha256, m.mtime_ns, m.mode), m.sha256)
         except UnsafeTarget as e:
-            log.error("restore_refused_target", path=c.key, reason=str(e))
-            self.result.refused.append(c.key)
-            self.progress.forget(m.size)
+            self._refused_target(c.key, e, m.size)
             return
         except ChecksumMismatch:
             raise BundleError(f"bundle entry {c.key!r} does not match its sha256") from None
         except OSError as e:
-            if e.errno == errno.ENOSPC:
-                raise RestoreError(f"no space left on device while restoring into {root.path} ({self.progress.files} "
-                                   f"of {self.progress.total_files} files restored; no partial file left)") from None
-            raise RestoreError(f"cannot write {c.key} into {root.path}: {e.strerror}") from None
+            raise self._write_failed(root, c.key, e) from None
         self.progress.add(m.size)
         metrics.restored(m.size)
 
@@ -479,10 +510,7 @@ class _Restore:
                 self.result.refused.append(info.key)
                 return None
             except OSError as e:
-                if e.errno == errno.ENOSPC:
-                    raise RestoreError(f"no space left on device while restoring into {root.path} ({self.progress.files} "
-                                       f"of {self.progress.total_files} files restored; no partial file left)") from None
-                raise RestoreError(f"cannot write {info.key} into {root.path}: {e.strerror}") from None
+                raise self._write_failed(root, info.key, e) from None
         else:
             if self.on_corrupt != "skip":
                 raise RestoreError(f"{info.key}: stored bytes do not match their sha256 (corrupt object in "
