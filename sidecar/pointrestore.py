@@ -4,8 +4,9 @@
   are opened and their headers read while the namespace is listed; every listed file whose
   (version, size, sha256) equals its entry in the chain's tree is taken from the point
   (:func:`~sidecar.restoreplan.from_point`), the rest are fetched from their objects as before.
-  Once the listing has ended each opened point is streamed once, a member at a time, and the
-  taken files written as their bytes arrive (verified per entry). A point that turns out
+  Each opened point is streamed once, a member at a time, from while the listing goes on: a
+  member waits for its key's offer, and the taken files are written as their bytes arrive
+  (verified per entry; small ones in batches on worker threads). A point that turns out
   unreadable part way (corrupt, cut short, gone) costs one warning: the files it did not place
   are fetched from their objects. Listed is the truth: a key the chain has but the listing has
   not was deleted after the point and is never restored.
@@ -266,6 +267,12 @@ class PointFeed:
         self.unread: dict[int, PointName] = {}
         self.deferred: dict[int, dict[str, tuple[Root, ObjectInfo]]] = {}
         self.placed = 0
+        #: the keys the listing has offered (taken or not) and its end (:meth:`listing_ended`): a
+        #: point streamed while the store is listed waits at each member until its key's fate
+        #: is known, so a file is written exactly when its own object would have been queued
+        self.offered: set[str] = set()
+        self.listed = anyio.Event()
+        self._offers = anyio.Event()
 
     async def prepare(self, deadline: float) -> None:
         """Choose the newest usable chain (an unreadable point is left out, once, with a warning)
@@ -302,6 +309,9 @@ class PointFeed:
         """Whether ``info`` (a listed file of ``root``, being filled) is restored from a point:
         from an opened one when its entry matches, or deferred to the unread increment that
         should hold its version (:func:`~sidecar.restoreplan.holding_point`)."""
+        self.offered.add(info.key)
+        self._offers.set()
+        self._offers = anyio.Event()
         held = self.tree.get(info.key)
         merging = root.name in self.merging
         if held is not None and from_point(info, held[1], merging=merging, max_file_size=self.max_file_size):
@@ -313,16 +323,40 @@ class PointFeed:
             return True
         return False
 
-    async def place(self, place: Place) -> list[tuple[Root, ObjectInfo]]:
+    def listing_ended(self) -> None:
+        """The listing has ended (every key offered): a point still waiting reads on."""
+        self.listed.set()
+        self._offers.set()
+
+    async def _offered(self, key: str, waiting: Callable[[], Awaitable[None]] | None) -> None:
+        """Until the listing has offered ``key`` (taken or not), or has ended; ``waiting`` first,
+        when it has not."""
+        if key not in self.offered and not self.listed.is_set() and waiting is not None:
+            await waiting()
+        while key not in self.offered and not self.listed.is_set():
+            await self._offers.wait()  # (set, and replaced, at each offer and at the listing's end)
+
+    async def place(self, place: Place,
+                    waiting: Callable[[], Awaitable[None]] | None = None) -> list[tuple[Root, ObjectInfo]]:
         """Stream every opened point, concurrently, through ``place`` for the taken files whose
-        bytes it holds; the taken files left unplaced (their point unreadable part way)."""
+        bytes it holds, from while the store is still listed (:attr:`listed` set by the caller
+        once it has ended): a member waits for its key's offer; one of a merged root, or newer in
+        another point of the chain, is passed by. The taken files left unplaced (their point
+        unreadable part way), once the listing has ended and every point has been read.
+        ``waiting``: called before a member waits for its offer (the caller's writes handed over)."""
         done: set[str] = set()
 
         async def one(index: int, opened: Opened) -> None:
             try:
                 async for entry, body in opened.reader.files():
+                    held = self.tree.get(entry.key)
+                    if held is None or held[0] != index or entry.key.split("/", 1)[0] in self.merging:
+                        continue  # never taken: deleted or newer in another point, or compared with the disk
+                    await self._offered(entry.key, waiting)
+                    if self.listed.is_set() and not self.taken:
+                        break  # nothing of the points is restored: the rest is not read
                     got = self.taken.get(entry.key)
-                    if got is not None and self.tree[entry.key][0] == index:
+                    if got is not None:
                         await place(got[0], got[1], body)
                         done.add(entry.key)
             except (PointError, BundleError, StoreError) as e:  # (BundleError: a placed file's own check)
@@ -349,20 +383,18 @@ class PointFeed:
                 finally:
                     await close_stream(opened.chunks)
 
-        if self.taken:
-            async with anyio.create_task_group() as tg:
-                for i, opened in enumerate(self.opened):
-                    tg.start_soon(one, i, opened)
-        else:
-            await self.close()
+        async with anyio.create_task_group() as tg:
+            for i, opened in enumerate(self.opened):
+                tg.start_soon(one, i, opened)
+        await self.listed.wait()
         if self.deferred:  # a few at a time: each holds a chunk while it streams
             limit = anyio.Semaphore(MAX_INCREMENTS_READ + 1)
             async with anyio.create_task_group() as tg:
                 for seq, files in sorted(self.deferred.items()):
                     tg.start_soon(later, seq, files, limit)
         self.placed = len(done)
-        waiting = [t for files in self.deferred.values() for t in files.values()]
-        return [t for t in [*self.taken.values(), *waiting] if t[1].key not in done]
+        held = [t for files in self.deferred.values() for t in files.values()]
+        return [t for t in [*self.taken.values(), *held] if t[1].key not in done]
 
     async def close(self) -> None:
         for opened in self.opened:

@@ -203,6 +203,7 @@ class _Restore:
         await retry_transient(once, "list", deadline)
         await self._decide_pending(deadline)
         self.listed.set()
+        self.points.listing_ended()
         for key, why in self.listing.unsafe:
             log.error("restore_refused_name", path=key, reason=why)
             self.result.refused.append(key)
@@ -238,24 +239,24 @@ class _Restore:
             name = info.key.split("/", 1)[0]
             if name in self.candidates and info.key not in self.queued:
                 if self.points.take(self.candidates[name], info):
-                    self.queued.add(info.key)  # placed from its restore point once the listing has ended
+                    self.queued.add(info.key)  # placed from its restore point as the point is read
                 else:
                     self._queue(self.candidates[name], info)
             elif name in self.pending:
                 self.deferred.setdefault(name, {})[info.key] = info
 
     async def from_points(self, deadline: float) -> None:
-        """Open the restore points while the store is listed, then place the files taken from them
-        (:mod:`sidecar.pointrestore`); those they did not place are fetched from their objects."""
+        """Open the restore points and read them while the store is listed, placing each file
+        taken from them as the listing offers it (:mod:`sidecar.pointrestore`); those they did not
+        place are fetched from their objects once the listing has ended and the points are read."""
         if not self.candidates:
             self.points.known.set()
             return
         try:
             await self.points.prepare(deadline)
-            await self.listed.wait()
             async with anyio.create_task_group() as writes:  # every small file written before the rest is queued
                 self.point_writes = BatchWriter(writes, self._written)
-                left = await self.points.place(self._place_from_point)
+                left = await self.points.place(self._place_from_point, self.point_writes.flush)
                 await self.point_writes.flush()
             for root, info in left:
                 self._queue(root, info)
