@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import math
-import re
 import time
 from dataclasses import dataclass, field, replace
 from typing import AsyncIterator, Iterable, Sequence
@@ -59,6 +58,7 @@ from sidecar.restoreplan import (
     file_action,
     foreign,
     foreign_refusal,
+    generated_name,
     holds,
     names_generated,
     older_copies,
@@ -72,21 +72,6 @@ from sidecar.restoreprogress import Progress, flush_as_it_fills
 from sidecar.retry import retry_transient
 from sidecar.snapshot import BundleError, Change, close_stream, open_bundle
 from sidecar.store.base import NotFound, ObjectInfo, ObjectMeta, Store, StoreError
-
-GENERATED_NAME = re.compile(rb"WorkflowBuilder-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
-
-
-def generated_name(data: bytes) -> str | None:
-    """The first workflow name ``WorkflowBuilder`` generated (``WorkflowBuilder-<uuid4>``) in a
-    checkpoint, if any. ``bytes.find`` skips to candidates (a regex search over every byte of a
-    100 KiB checkpoint cost 50 µs, a tenth of a restored file's CPU)."""
-    start = data.find(b"WorkflowBuilder-")
-    while start >= 0:
-        m = GENERATED_NAME.match(data, start)
-        if m:
-            return m.group(0).decode()
-        start = data.find(b"WorkflowBuilder-", start + 1)
-    return None
 
 
 class RestoreError(Exception):
