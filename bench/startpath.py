@@ -71,7 +71,12 @@ def main() -> int:
     ap.add_argument("--credential", choices=("key", "identity", "both"), default="both")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--top", type=int, default=12)
+    ap.add_argument("--phases", action="store_true",
+                    help="only the phases of `run --` restoring 20 files from a restore point (no -X importtime)")
+    ap.add_argument("--tree", default=str(REPO), help="with --phases: the checkout measured (its sidecar package)")
     a = ap.parse_args()
+    if a.phases:
+        return phases(a.credential, a.rounds, a.tree)
     with tempfile.TemporaryDirectory(prefix="sidecar-startpath-") as d:
         tmp = Path(d)
         for credential in (("key", "identity") if a.credential == "both" else (a.credential,)):
@@ -112,6 +117,56 @@ def measure_restore(work: Path, env: dict[str, str], rounds: int) -> tuple[float
     return (statistics.median(w for w, _, _ in results),
             {m: int(statistics.median(c.get(m, 0) for _, c, _ in results)) for m in names},
             set().union(*(t for _, _, t in results)))
+
+
+#: The events that end each phase of ``run --`` (its JSON log, debug level): the restore begins
+#: once the imports and the configuration are done; the namespace's store answered; the roots
+#: decided; then the child's own clock (it prints it) says when it started.
+PHASES = (("imports done", "phase"), ("store answered", "store"), ("roots decided", "restore_decision"))
+
+
+def phases(credential: str, rounds: int, tree: str) -> int:
+    """launch -> imports done -> store answered -> roots decided -> child started, for ``run --``
+    restoring 20 files of 100 KiB from a restore point into an empty directory; medians (ms)."""
+    import json
+    from datetime import datetime, timezone
+
+    def stamp(ts: str) -> float:
+        return datetime.strptime(ts, "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=timezone.utc).timestamp()
+
+    with tempfile.TemporaryDirectory(prefix="sidecar-phases-") as d:
+        tmp = Path(d)
+        for cred in (("key", "identity") if credential == "both" else (credential,)):
+            with Target(cred, tmp / f"azurite-{cred}", tmp / "pki") as t:
+                env = {**t.sidecar_env(), "PYTHONPATH": tree, "SIDECAR_STORE": f"{t.url}/start",
+                       "SIDECAR_LOG_LEVEL": "debug", "SIDECAR_HTTP_ADDR": ""}
+                env.pop("PYTHONDONTWRITEBYTECODE", None)
+                seed_dir = tmp / f"seed-{cred}" / ".checkpoints"
+                for i in range(20):
+                    (seed_dir / f"resp_{i}").mkdir(parents=True)
+                    (seed_dir / f"resp_{i}" / f"{i}.json").write_bytes(os.urandom(100 * 1024))
+                subprocess.run([sys.executable, "-m", "sidecar", "run", "--no-restore", "--", "true"],
+                               cwd=seed_dir.parent, env=env, check=True, capture_output=True)
+                rows: list[list[float]] = []
+                for r in range(rounds + 1):
+                    work = tmp / f"phases-{cred}-{r}"
+                    work.mkdir()
+                    t0 = time.time()
+                    out = subprocess.run([sys.executable, "-m", "sidecar", "run", "--", "sh", "-c", "date +%s.%N >&2"],
+                                         cwd=work, env=env, capture_output=True, text=True, check=True)
+                    events = [json.loads(x) for x in out.stderr.splitlines() if x.startswith("{")]
+                    child = float(next(x for x in out.stderr.splitlines() if x[:1].isdigit()))
+                    ends = [stamp(next(e["ts"] for e in events if e["event"] == name)) for _, name in PHASES]
+                    if r:  # the first warms the page cache
+                        rows.append([(x - t0) * 1e3 for x in [*ends, child]])
+                med = [statistics.median(c) for c in zip(*rows, strict=True)]
+                print(f"## {cred}: run -- restoring 20 x 100 KiB from a point, median of {rounds} (ms after launch)")
+                labels = [label for label, _ in PHASES] + ["child started"]
+                for i, label in enumerate(labels):
+                    step = med[i] - (med[i - 1] if i else 0.0)
+                    print(f"  {label:15} {med[i]:7.0f}  (+{step:.0f})")
+                print(f"  imports done -> child started: {med[-1] - med[0]:.0f} ms")
+    return 0
 
 
 async def seed(t: Target) -> None:

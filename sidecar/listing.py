@@ -6,6 +6,7 @@ restore files each page as it arrives); :func:`list_store` is the whole listing 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import AsyncIterator
 
 from sidecar import log
 from sidecar.localfs import unmirrorable_reason
@@ -71,3 +72,15 @@ async def list_store(store: Store, roots: list[Root]) -> Listing:
     async for info in store.list():
         out.add(info, by_name)
     return out
+
+
+async def list_names(store: Store, prefix: str = "") -> AsyncIterator[str]:
+    """The keys ``store.list(prefix)`` gives, names only: through the store's own names-only
+    listing where it has one (Azure: no properties fetched or parsed), else its full listing."""
+    names = getattr(store, "list_names", None)
+    if names is not None:
+        async for key in names(prefix):
+            yield key
+        return
+    async for info in store.list(prefix):
+        yield info.key

@@ -4,8 +4,9 @@
   are opened and their headers read while the namespace is listed; every listed file whose
   (version, size, sha256) equals its entry in the chain's tree is taken from the point
   (:func:`~sidecar.restoreplan.from_point`), the rest are fetched from their objects as before.
-  Once the listing has ended each opened point is streamed once, a member at a time, and the
-  taken files written as their bytes arrive (verified per entry). A point that turns out
+  Each opened point is streamed once, a member at a time, from while the listing goes on: a
+  member waits for its key's offer, and the taken files are written as their bytes arrive
+  (verified per entry; small ones in batches on worker threads). A point that turns out
   unreadable part way (corrupt, cut short, gone) costs one warning: the files it did not place
   are fetched from their objects. Listed is the truth: a key the chain has but the listing has
   not was deleted after the point and is never restored.
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import AsyncIterator, Awaitable, Callable
 
 import anyio
+import anyio.abc
 import anyio.to_thread
 
 from sidecar import log
@@ -80,6 +82,78 @@ MAX_INCREMENTS_READ = 7
 READ_AHEAD = 1
 #: Files up to this size are written on the event loop (as the restorer does).
 INLINE_WRITE_MAX = 256 * 1024
+
+
+#: Small files taken from a point are written in worker threads, a batch at a time (at most
+#: BATCH_FILES files or BATCH_BYTES bytes a batch, WRITE_BATCHES batches in flight): creating files
+#: is most of a restore of small files, and it then overlaps the point's download and itself. The
+#: bytes waiting to be written stay under (1 + WRITE_BATCHES) x BATCH_BYTES.
+BATCH_FILES = 64
+BATCH_BYTES = 1024 * 1024
+WRITE_BATCHES = 4
+
+
+@dataclass
+class Small:
+    """A small file whose bytes were read and checked (its point's entry sha256), to be placed."""
+
+    root: Root
+    parts: list[str]
+    info: ObjectInfo
+    data: bytes
+
+
+def write_batch(batch: list[Small]) -> list[Exception | None]:
+    """Blocking: place each file of ``batch`` (:func:`~sidecar.restorefs.write_restored`), its
+    directories opened once; per file None, or the :class:`~sidecar.localfs.UnsafeTarget` or
+    ``OSError`` that kept it out (the files after an ``OSError`` are not tried: their outcome is it too)."""
+    dirs = OpenDirs()
+    out: list[Exception | None] = []
+    try:
+        for i, s in enumerate(batch):
+            try:
+                write_restored(s.root, s.parts, s.data, s.info.mtime_ns, s.info.mode, None, dirs)
+                out.append(None)
+            except UnsafeTarget as e:
+                out.append(e)
+            except OSError as e:
+                return out + [e] * (len(batch) - i)
+    finally:
+        dirs.close()
+    return out
+
+
+class BatchWriter:
+    """Writes :class:`Small` files in worker threads, a batch at a time, in ``tg``; ``done`` is
+    called on the event loop with each file and its outcome (None: placed). :meth:`add` waits while
+    WRITE_BATCHES batches are being written; :meth:`flush` hands over the last one."""
+
+    def __init__(self, tg: anyio.abc.TaskGroup, done: Callable[[Small, Exception | None], None]) -> None:
+        self._tg, self._done = tg, done
+        self._pending: list[Small] = []
+        self._bytes = 0
+        self._slots = anyio.Semaphore(WRITE_BATCHES)
+
+    async def add(self, small: Small) -> None:
+        self._pending.append(small)
+        self._bytes += len(small.data)
+        if len(self._pending) >= BATCH_FILES or self._bytes >= BATCH_BYTES:
+            await self.flush()
+
+    async def flush(self) -> None:
+        if not self._pending:
+            return
+        batch, self._pending, self._bytes = self._pending, [], 0
+        await self._slots.acquire()
+        self._tg.start_soon(self._write, batch)
+
+    async def _write(self, batch: list[Small]) -> None:
+        try:
+            outcomes = await anyio.to_thread.run_sync(write_batch, batch)
+        finally:
+            self._slots.release()
+        for small, outcome in zip(batch, outcomes, strict=True):
+            self._done(small, outcome)
 
 
 class AsOfError(Exception):
@@ -193,6 +267,12 @@ class PointFeed:
         self.unread: dict[int, PointName] = {}
         self.deferred: dict[int, dict[str, tuple[Root, ObjectInfo]]] = {}
         self.placed = 0
+        #: the keys the listing has offered (taken or not) and its end (:meth:`listing_ended`): a
+        #: point streamed while the store is listed waits at each member until its key's fate
+        #: is known, so a file is written exactly when its own object would have been queued
+        self.offered: set[str] = set()
+        self.listed = anyio.Event()
+        self._offers = anyio.Event()
 
     async def prepare(self, deadline: float) -> None:
         """Choose the newest usable chain (an unreadable point is left out, once, with a warning)
@@ -229,6 +309,9 @@ class PointFeed:
         """Whether ``info`` (a listed file of ``root``, being filled) is restored from a point:
         from an opened one when its entry matches, or deferred to the unread increment that
         should hold its version (:func:`~sidecar.restoreplan.holding_point`)."""
+        self.offered.add(info.key)
+        self._offers.set()
+        self._offers = anyio.Event()
         held = self.tree.get(info.key)
         merging = root.name in self.merging
         if held is not None and from_point(info, held[1], merging=merging, max_file_size=self.max_file_size):
@@ -240,16 +323,40 @@ class PointFeed:
             return True
         return False
 
-    async def place(self, place: Place) -> list[tuple[Root, ObjectInfo]]:
+    def listing_ended(self) -> None:
+        """The listing has ended (every key offered): a point still waiting reads on."""
+        self.listed.set()
+        self._offers.set()
+
+    async def _offered(self, key: str, waiting: Callable[[], Awaitable[None]] | None) -> None:
+        """Until the listing has offered ``key`` (taken or not), or has ended; ``waiting`` first,
+        when it has not."""
+        if key not in self.offered and not self.listed.is_set() and waiting is not None:
+            await waiting()
+        while key not in self.offered and not self.listed.is_set():
+            await self._offers.wait()  # (set, and replaced, at each offer and at the listing's end)
+
+    async def place(self, place: Place,
+                    waiting: Callable[[], Awaitable[None]] | None = None) -> list[tuple[Root, ObjectInfo]]:
         """Stream every opened point, concurrently, through ``place`` for the taken files whose
-        bytes it holds; the taken files left unplaced (their point unreadable part way)."""
+        bytes it holds, from while the store is still listed (:attr:`listed` set by the caller
+        once it has ended): a member waits for its key's offer; one of a merged root, or newer in
+        another point of the chain, is passed by. The taken files left unplaced (their point
+        unreadable part way), once the listing has ended and every point has been read.
+        ``waiting``: called before a member waits for its offer (the caller's writes handed over)."""
         done: set[str] = set()
 
         async def one(index: int, opened: Opened) -> None:
             try:
                 async for entry, body in opened.reader.files():
+                    held = self.tree.get(entry.key)
+                    if held is None or held[0] != index or entry.key.split("/", 1)[0] in self.merging:
+                        continue  # never taken: deleted or newer in another point, or compared with the disk
+                    await self._offered(entry.key, waiting)
+                    if self.listed.is_set() and not self.taken:
+                        break  # nothing of the points is restored: the rest is not read
                     got = self.taken.get(entry.key)
-                    if got is not None and self.tree[entry.key][0] == index:
+                    if got is not None:
                         await place(got[0], got[1], body)
                         done.add(entry.key)
             except (PointError, BundleError, StoreError) as e:  # (BundleError: a placed file's own check)
@@ -276,20 +383,18 @@ class PointFeed:
                 finally:
                     await close_stream(opened.chunks)
 
-        if self.taken:
-            async with anyio.create_task_group() as tg:
-                for i, opened in enumerate(self.opened):
-                    tg.start_soon(one, i, opened)
-        else:
-            await self.close()
+        async with anyio.create_task_group() as tg:
+            for i, opened in enumerate(self.opened):
+                tg.start_soon(one, i, opened)
+        await self.listed.wait()
         if self.deferred:  # a few at a time: each holds a chunk while it streams
             limit = anyio.Semaphore(MAX_INCREMENTS_READ + 1)
             async with anyio.create_task_group() as tg:
                 for seq, files in sorted(self.deferred.items()):
                     tg.start_soon(later, seq, files, limit)
         self.placed = len(done)
-        waiting = [t for files in self.deferred.values() for t in files.values()]
-        return [t for t in [*self.taken.values(), *waiting] if t[1].key not in done]
+        held = [t for files in self.deferred.values() for t in files.values()]
+        return [t for t in [*self.taken.values(), *held] if t[1].key not in done]
 
     async def close(self) -> None:
         for opened in self.opened:

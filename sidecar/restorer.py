@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import math
-import re
 import time
 from dataclasses import dataclass, field, replace
 from typing import AsyncIterator, Iterable, Sequence
@@ -36,7 +35,7 @@ from sidecar.listing import Listing
 from sidecar.localfs import STREAM_MIN, ByteBudget, UnsafeTarget, body_bytes, has_regular_files, local_matches
 from sidecar.paths import IgnoreRules, Root, UnsafeKey, split_key
 from sidecar.plan import RootDecision, ShapeConflicts
-from sidecar.pointrestore import PointFeed, write_streamed
+from sidecar.pointrestore import BatchWriter, PointFeed, Small, write_streamed
 from sidecar.restorefs import (
     ChecksumMismatch,
     Lineage,
@@ -59,6 +58,7 @@ from sidecar.restoreplan import (
     file_action,
     foreign,
     foreign_refusal,
+    generated_name,
     holds,
     names_generated,
     older_copies,
@@ -72,21 +72,6 @@ from sidecar.restoreprogress import Progress, flush_as_it_fills
 from sidecar.retry import retry_transient
 from sidecar.snapshot import BundleError, Change, close_stream, open_bundle
 from sidecar.store.base import NotFound, ObjectInfo, ObjectMeta, Store, StoreError
-
-GENERATED_NAME = re.compile(rb"WorkflowBuilder-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
-
-
-def generated_name(data: bytes) -> str | None:
-    """The first workflow name ``WorkflowBuilder`` generated (``WorkflowBuilder-<uuid4>``) in a
-    checkpoint, if any. ``bytes.find`` skips to candidates (a regex search over every byte of a
-    100 KiB checkpoint cost 50 µs, a tenth of a restored file's CPU)."""
-    start = data.find(b"WorkflowBuilder-")
-    while start >= 0:
-        m = GENERATED_NAME.match(data, start)
-        if m:
-            return m.group(0).decode()
-        start = data.find(b"WorkflowBuilder-", start + 1)
-    return None
 
 
 class RestoreError(Exception):
@@ -170,6 +155,7 @@ class _Restore:
         self.bodies = ByteBudget()  # the downloads' bytes in memory
         self.send, self.receive = anyio.create_memory_object_stream[_Item](math.inf)
         self.points = PointFeed(store, merging, max_file_size)
+        self.point_writes: BatchWriter | None = None  # a point's small files, while it is streamed
 
     def _queue(self, root: Root, info: ObjectInfo) -> None:
         self._start(root)
@@ -178,13 +164,6 @@ class _Restore:
         # every worker has ended (BrokenResourceError): the restore is cancelled or failed, and ends as such
         with contextlib.suppress(anyio.BrokenResourceError):
             self.send.send_nowait((root, info))
-
-    def _no_space(self, root: Root) -> RestoreError:
-        """The disk is full: how many files landed, never a total (the listing may still be
-        growing, and the files of restore points are counted as they are placed)."""
-        return RestoreError(f"no space left on device while restoring into {root.path} "
-                            f"({log.count(self.progress.files, 'file')} restored before it filled up; no partial "
-                            "file left)")
 
     def _start(self, root: Root) -> None:
         if root.name not in self.started:
@@ -209,6 +188,7 @@ class _Restore:
         await retry_transient(once, "list", deadline)
         await self._decide_pending(deadline)
         self.listed.set()
+        self.points.listing_ended()
         for key, why in self.listing.unsafe:
             log.error("restore_refused_name", path=key, reason=why)
             self.result.refused.append(key)
@@ -244,22 +224,26 @@ class _Restore:
             name = info.key.split("/", 1)[0]
             if name in self.candidates and info.key not in self.queued:
                 if self.points.take(self.candidates[name], info):
-                    self.queued.add(info.key)  # placed from its restore point once the listing has ended
+                    self.queued.add(info.key)  # placed from its restore point as the point is read
                 else:
                     self._queue(self.candidates[name], info)
             elif name in self.pending:
                 self.deferred.setdefault(name, {})[info.key] = info
 
     async def from_points(self, deadline: float) -> None:
-        """Open the restore points while the store is listed, then place the files taken from them
-        (:mod:`sidecar.pointrestore`); those they did not place are fetched from their objects."""
+        """Open the restore points and read them while the store is listed, placing each file
+        taken from them as the listing offers it (:mod:`sidecar.pointrestore`); those they did not
+        place are fetched from their objects once the listing has ended and the points are read."""
         if not self.candidates:
             self.points.known.set()
             return
         try:
             await self.points.prepare(deadline)
-            await self.listed.wait()
-            for root, info in await self.points.place(self._place_from_point):
+            async with anyio.create_task_group() as writes:  # every small file written before the rest is queued
+                self.point_writes = BatchWriter(writes, self._written)
+                left = await self.points.place(self._place_from_point, self.point_writes.flush)
+                await self.point_writes.flush()
+            for root, info in left:
                 self._queue(root, info)
         finally:
             await self.points.close()  # (a restore failing meanwhile leaves none open)
@@ -267,9 +251,42 @@ class _Restore:
 
     async def _place_from_point(self, root: Root, info: ObjectInfo, body: AsyncIterator[bytes]) -> None:
         await self.overlay_known[root.name].wait()
-        if not self._bundle_wins(root.name, info.key, info):  # else the bundle decides it
-            meta = ObjectMeta(info.size, info.sha256 or "", info.mtime_ns, info.mode, info.version)
-            await self._place_bundled(root, Change(info.key, None, meta), body)
+        if self._bundle_wins(root.name, info.key, info):
+            return  # the bundle decides it
+        if info.size <= INLINE_WRITE_MAX and self.point_writes is not None:  # written in a batch, in a thread
+            data = b"".join([chunk async for chunk in body])  # checked against its entry's sha256 as it arrived
+            _, parts = split_key(info.key, self.by_name)  # checked when listed
+            self._start(root)
+            self.progress.expect(info.size)
+            if name := generated_name(data):
+                self.result.generated_names.add(name)
+            await self.point_writes.add(Small(root, parts, info, data))
+            return
+        meta = ObjectMeta(info.size, info.sha256 or "", info.mtime_ns, info.mode, info.version)
+        await self._place_bundled(root, Change(info.key, None, meta), body)
+
+    def _written(self, small: Small, outcome: Exception | None) -> None:
+        """A file of a point's batch written (``outcome`` None), or kept out."""
+        if outcome is None:
+            self.progress.add(small.info.size)
+            metrics.restored(small.info.size)
+        elif isinstance(outcome, UnsafeTarget):
+            self._refused_target(small.info.key, outcome, small.info.size)
+        else:
+            raise self._write_failed(small.root, small.info.key, outcome)
+
+    def _refused_target(self, key: str, e: UnsafeTarget, size: int) -> None:
+        log.error("restore_refused_target", path=key, reason=str(e))
+        self.result.refused.append(key)
+        self.progress.forget(size)
+
+    def _write_failed(self, root: Root, key: str, e: Exception) -> RestoreError:
+        """Why a file could not be written; a full disk says how many landed, never a total."""
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+            landed = log.count(self.progress.files, "file")
+            return RestoreError(f"no space left on device while restoring into {root.path} ({landed} restored "
+                                "before it filled up; no partial file left)")
+        return RestoreError(f"cannot write {key} into {root.path}: {getattr(e, 'strerror', None) or e}")
 
     async def overlay(self, root: Root, deadline: float) -> None:
         """Read the root's bundle, if a snapshot commit was cut short: it holds the newer state of
@@ -376,16 +393,12 @@ class _Restore:
             else:
                 await write_streamed(root, parts, body, ObjectInfo(c.key, m.size, m.sha256, m.mtime_ns, m.mode), m.sha256)
         except UnsafeTarget as e:
-            log.error("restore_refused_target", path=c.key, reason=str(e))
-            self.result.refused.append(c.key)
-            self.progress.forget(m.size)
+            self._refused_target(c.key, e, m.size)
             return
         except ChecksumMismatch:
             raise BundleError(f"bundle entry {c.key!r} does not match its sha256") from None
         except OSError as e:
-            if e.errno == errno.ENOSPC:
-                raise self._no_space(root) from None
-            raise RestoreError(f"cannot write {c.key} into {root.path}: {e.strerror}") from None
+            raise self._write_failed(root, c.key, e) from None
         self.progress.add(m.size)
         metrics.restored(m.size)
 
@@ -485,9 +498,7 @@ class _Restore:
                 self.result.refused.append(info.key)
                 return None
             except OSError as e:
-                if e.errno == errno.ENOSPC:
-                    raise self._no_space(root) from None
-                raise RestoreError(f"cannot write {info.key} into {root.path}: {e.strerror}") from None
+                raise self._write_failed(root, info.key, e) from None
         else:
             if self.on_corrupt != "skip":
                 raise RestoreError(f"{info.key}: stored bytes do not match their sha256 (corrupt object in "

@@ -164,7 +164,8 @@ class TarReader:
     def __init__(self, chunks: AsyncIterator[bytes], what: str, error: type[Exception]) -> None:
         self._chunks = chunks
         # The unread bytes are self._buf[self._pos:]: a read advances the position rather than
-        # copying the rest of a (megabytes) chunk, so every byte is copied once.
+        # copying the rest of a (megabytes) chunk, and a read that spans chunks joins its pieces
+        # once, so every byte is copied at most twice whatever the members' and chunks' sizes.
         self._buf = b""
         self._pos = 0
         self._eof = False
@@ -175,14 +176,24 @@ class TarReader:
         """The error to raise: ``unreadable <what>: <detail>``."""
         return self._error(f"unreadable {self.what}: {detail}")
 
+    async def _next(self) -> bytes | None:
+        """The next non-empty chunk; None at the end of the archive."""
+        while not self._eof:
+            try:
+                chunk = await self._chunks.__anext__()
+            except StopAsyncIteration:
+                self._eof = True
+                break
+            if chunk:
+                return chunk
+        return None
+
     async def fill(self) -> bool:
-        """One more chunk into the buffer; False at the end of the archive."""
-        if self._eof:
-            return False
-        try:
-            chunk = await self._chunks.__anext__()
-        except StopAsyncIteration:
-            self._eof = True
+        """One more chunk onto the buffer (its unread rest and the chunk joined); False at the end
+        of the archive. Only for a caller that searches :attr:`buffered` (a reader of its own
+        reads with :meth:`read` and :meth:`some`, which never join more than they return)."""
+        chunk = await self._next()
+        if chunk is None:
             return False
         self._buf = self._buf[self._pos:] + chunk if self._pos < len(self._buf) else chunk
         self._pos = 0
@@ -193,15 +204,26 @@ class TarReader:
 
     async def read(self, n: int) -> bytes:
         """Exactly ``n`` bytes."""
-        while self._left() < n:
-            if not await self.fill():
+        if self._left() >= n:
+            return self.take(n)
+        parts = [self.take(self._left())]
+        have = len(parts[0])
+        while have < n:
+            chunk = await self._next()
+            if chunk is None:
                 raise self.fail("cut short")
-        return self.take(n)
+            self._buf, self._pos = chunk, 0
+            parts.append(self.take(n - have))
+            have += len(parts[-1])
+        return b"".join(parts)
 
     async def some(self, n: int) -> bytes:
         """Between 1 and ``n`` bytes (whatever is buffered, or the next chunk)."""
-        if not self._left() and not await self.fill():
-            raise self.fail("cut short")
+        if not self._left():
+            chunk = await self._next()
+            if chunk is None:
+                raise self.fail("cut short")
+            self._buf, self._pos = chunk, 0
         return self.take(n)
 
     async def next_member(self) -> tuple[str, int]:

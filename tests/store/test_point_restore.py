@@ -406,3 +406,54 @@ async def test_as_of_forced_moves_aside_or_changes_nothing_and_a_rerun_finishes(
     assert len(into) == 2 and {k for k in moved_tree(into) if not k.endswith("/")} == {
         m for m in MOVED if not m.endswith("/")}
     assert read_lineage(root) == lineage and not (r / ".sidecar-restoring").exists()
+
+
+class HeldListing:
+    """A store whose namespace listing (prefix "") gives every object, then waits for ``release``
+    before it ends, as a long listing's last page would."""
+
+    def __init__(self, store) -> None:
+        self.store = store
+        self.release = __import__("anyio").Event()
+
+    def __getattr__(self, name: str):
+        return getattr(self.store, name)
+
+    async def list(self, prefix: str = ""):
+        async for info in self.store.list(prefix):
+            yield info
+        if not prefix:
+            await self.release.wait()
+
+
+async def test_a_points_files_are_placed_while_the_store_is_still_listed(make_store, tmp_path):
+    """The point is read while the namespace is listed: each file it holds is placed as soon as
+    the listing has offered it, not once the listing has ended; a file deleted after the point,
+    never offered, is still never restored."""
+    import anyio
+
+    store = await make_store()
+    await seed(store, 6)
+    await write_point(store, 100)
+    await store.delete(f"{ROOT}/d2/5.json")  # after the point (its member the point's last: none waits behind it)
+    # after the point, and last by name: a store listing in name order releases each key once a
+    # name past its path has come (ShapeConflicts), so this one, held, lets every other go
+    await put(store, f"{ROOT}/zz.json", b"written after the point", 300)
+    latest = await stored(store)
+    from_point = {k: v for k, v in latest.items() if not k.endswith("zz.json")}
+    held = HeldListing(store)
+    root = root_in(tmp_path)
+    done: list = []
+
+    async def run() -> None:
+        done.append(await restore(held, [root]))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(run)
+        with anyio.fail_after(60):  # a poll with a deadline: the point's files placed, the listing still open
+            while from_point.items() - tree(Path(root.path)).items():
+                await anyio.sleep(0.02)
+        assert not done  # the listing has not ended
+        held.release.set()
+    _, result = done[0]
+    assert tree(Path(root.path)) == latest and result.from_points == len(from_point) == 5

@@ -566,6 +566,24 @@ class AzureBlobStore:
         except AzureError as e:
             raise self._error(e, f"listing {prefix!r}") from None
 
+    async def list_names(self, prefix: str = "") -> AsyncIterator[str]:
+        """The keys :meth:`list` gives, without their properties or metadata (the service's
+        names-only listing: a smaller answer, and no properties to deserialise). A name ending in
+        ``/`` is left out as there; a hierarchical account's folder (told by its metadata) is not
+        told apart here, so a caller that must not see one lists in full."""
+        start = self._name_prefix + prefix
+        cut = len(self._name_prefix)
+        try:
+            async for name in self._container_client().list_blob_names(
+                    name_starts_with=start or None, results_per_page=PAGE_RESULTS):
+                if name.startswith(start) and not name.endswith("/"):
+                    yield name[cut:]
+        except ResourceNotFoundError as e:
+            if self.create or error_code(e) != "ContainerNotFound":
+                raise self._error(e, f"listing {prefix!r}") from None
+        except AzureError as e:
+            raise self._error(e, f"listing {prefix!r}") from None
+
     async def delete(self, key: str) -> None:
         name = self._name(key)
         self._first_page = None
