@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -109,6 +110,15 @@ def write_atomic(path: Path, data: bytes) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_bytes(data)
     os.replace(tmp, path)
+
+
+def remove_root(path: Path) -> None:
+    """A root gone as a whole at once, as a volume that went away: renamed out of place, then
+    removed. (An ``rm -rf`` slower than the uploader's delete settle may mirror the deletes of
+    its first files, docs/MIRRORING.md; a test of the vanished-root rule must not race that.)"""
+    gone = path.with_name(f".{path.name}.gone-{os.getpid()}-{time.monotonic_ns()}")
+    os.rename(path, gone)
+    shutil.rmtree(gone)
 
 
 def sidecar_env(**extra: str) -> dict[str, str]:

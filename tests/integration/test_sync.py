@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import os
 import random
-import shutil
 
-from support import Sidecar, disk_tree, run_cli, store_tree, wait_for, write_atomic
+from support import Sidecar, disk_tree, remove_root, run_cli, store_tree, wait_for, write_atomic
 
 
 def converged(work, store, name=".checkpoints"):
@@ -81,7 +80,7 @@ def test_roots_created_late_and_recreated(work):
         write_atomic(work / ".checkpoints" / "c" / "1.json", b"x")
         wait_for(converged(work, store, ".function_approvals"), 10, "late approvals root")
         wait_for(converged(work, store), 10, "late checkpoints root")
-        shutil.rmtree(work / ".checkpoints")  # gone as a whole: its stored files are kept
+        remove_root(work / ".checkpoints")  # gone as a whole: its stored files are kept
         sc.wait_event("root_gone")
         write_atomic(work / ".checkpoints" / "c" / "2.json", b"y")
         wait_for(lambda: store_tree(store) == {"c/1.json": b"x", "c/2.json": b"y"}, 10, "re-created root")

@@ -30,7 +30,7 @@ from sidecar.queue import DELETE, UPLOAD
 from sidecar.restorefs import KEPT_FILE, load_kept
 from sidecar.store import make_store
 from sidecar.store.base import ObjectInfo, ObjectMeta
-from support import Sidecar, disk_tree, metric_values, sidecar_env, store_tree, wait_for, write_atomic
+from support import Sidecar, disk_tree, metric_values, remove_root, sidecar_env, store_tree, wait_for, write_atomic
 
 FIVE = {f"ctx/{i}.json": f"checkpoint {i}".encode() for i in range(5)}
 
@@ -249,7 +249,7 @@ def test_sync_keeps_the_store_when_the_root_is_removed_and_resumes_when_it_is_ba
         for rel, data in FIVE.items():
             write_atomic(cps / rel, data)
         wait_for(lambda: store_tree(store) == FIVE, 15, "the five files mirrored", sc.log)
-        shutil.rmtree(cps)  # rm -rf of the root: a volume that went away
+        remove_root(cps)  # a volume that went away
         gone = sc.wait_event("root_gone")
         assert gone["root"] == str(cps) and gone["stored"] == 5
         status, body = wait_for(lambda: (r := http_get(base, "/readyz"))[0] == 503 and r, 15, "/readyz to say so")
@@ -261,7 +261,7 @@ def test_sync_keeps_the_store_when_the_root_is_removed_and_resumes_when_it_is_ba
         wait_for(lambda: store_tree(store) == {**FIVE, "ctx/new.json": b"new"}, 15, "the new file mirrored", sc.log)
         sc.wait_event("root_returned")
         wait_for(lambda: http_get(base, "/readyz")[0] == 200, 15, "ready again", sc.log)
-        shutil.rmtree(cps)  # and gone again when the sidecar stops: the drain deletes nothing either
+        remove_root(cps)  # and gone again when the sidecar stops: the drain deletes nothing either
         wait_for(lambda: sum(e.get("event") == "root_gone" for e in sc.events()) == 2, 15, "gone again", sc.log)
     finally:
         code = sc.stop()
@@ -296,7 +296,7 @@ def test_sync_mirrors_files_deleted_one_by_one_but_not_the_roots_removal(tmp_pat
         for rel, data in again.items():
             write_atomic(cps / rel, data)
         wait_for(lambda: store_tree(store) == again, 15, "the new five mirrored", sc.log)
-        shutil.rmtree(cps)
+        remove_root(cps)
         sc.wait_event("root_gone")
     finally:
         assert sc.stop() == 0, sc.log()[-3000:]
