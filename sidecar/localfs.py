@@ -175,14 +175,17 @@ def has_regular_files(path: str, ignore: IgnoreRules | None = None) -> bool:
     """True when the tree holds at least one regular file that is state: empty placeholder
     directories, names ``ignore`` says are never mirrored (a writer's temp file) and the
     sidecar's own files (:data:`~sidecar.paths.INTERNAL_IGNORE`, whatever ``ignore`` says) don't
-    count. ``ignore`` defaults to the default rules."""
+    count. ``ignore`` defaults to the default rules. A directory that cannot be read may hold
+    files: True (what cannot be read is never taken for empty)."""
     ignored = (ignore or _DEFAULT_RULES).ignored
     stack = [path]
     while stack:
         try:
             it = os.scandir(stack.pop())
-        except (FileNotFoundError, NotADirectoryError, PermissionError):
+        except (FileNotFoundError, NotADirectoryError):
             continue
+        except OSError:
+            return True
         with it:
             for entry in it:
                 if entry.is_file(follow_symlinks=False) and not ignored(entry.name):

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -129,3 +130,26 @@ async def test_another_sessions_volume_is_refused_and_neither_namespace_changes(
     assert disk_tree(vol / ROOT) == {"s2.json": b"s2's"}
     assert await stored(s2) == {"s2.json": b"s2's"}
     assert await stored(s1) == {"s1-private.json": b"s1's"}
+
+
+async def test_another_sessions_volume_behind_an_unreadable_directory_is_refused(make_store, tmp_path, monkeypatch):
+    """s1's volume whose files sit in a directory s2's sidecar cannot read: not taken for empty
+    (it was: s2 replaced the record, and once the directory became readable uploaded s1's file)."""
+    s2 = await make_store("agent/s2")
+    vol = tmp_path / "s1-volume"
+    vol.mkdir()
+    await mirror(make_store, vol, {"private/s1-private.json": b"s1's"}, prefix="agent/s1")
+    hidden, scandir = str(vol / ROOT / "private"), os.scandir
+
+    def unreadable(path):  # as a user without the right to read it (tests may run as root)
+        if str(path) == hidden:
+            raise PermissionError(13, "Permission denied", path)
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", unreadable)
+    settings, roots = settings_for(vol, "unused", prefix="agent/s2", reconcile_interval=0)
+    with anyio.fail_after(60):
+        assert await InProcess(settings, roots, await make_store("agent/s2")).main() == EXIT_CONFIG
+    monkeypatch.setattr(os, "scandir", scandir)
+    assert await stored(s2) == {}, "another session's files entered this namespace"
+    assert "agent/s1" in (vol / ROOT / ".sidecar-lineage").read_text()
