@@ -148,7 +148,7 @@ async def command(settings: Settings, dry_run: bool, force: bool = False) -> int
                         f"(it has an owner marker): prune the namespaces under a prefix that holds them, never "
                         f"inside one", EXIT_CONFIG)
         clock = await StoreClock.of(top)
-        if getattr(top, "clock_is_local", False) and not dry_run:
+        if top.clock_is_local and not dry_run:
             return fail(f"cannot read the clock of {top.description} (no file can be made there): prune judges "
                         "ages by the store's clock only; run it with write access to the store")
         pruner = Pruner(partial(_store_for, settings, prefix), clock.now, settings.fence_window,

@@ -78,6 +78,7 @@ from sidecar.store.base import (
     Source,
     StoreError,
     StoreFull,
+    Stream,
     supersedes,
 )
 from sidecar.store.dirfs import (
@@ -115,6 +116,11 @@ class DirectoryStore(Layout):
     """``create=False`` (a read-only use such as ``status``): :meth:`open` makes no directory,
     and a store that does not exist yet lists as empty; ``writes=False`` (default: ``create``): nothing
     is written, not even the clock probe of :meth:`now` (a command that only reads)."""
+
+    #: Keys are paths: ``a`` and ``a/x`` cannot both be stored, and the walk comes in no order.
+    flat_namespace = False
+    #: Set by :meth:`now` once it falls back to this machine's clock.
+    clock_is_local = False
 
     def __init__(self, base: str, prefix: str = "", create: bool = True, writes: bool | None = None) -> None:
         self.create = create
@@ -315,7 +321,7 @@ class DirectoryStore(Layout):
 
         return await self._run(read, key=key)
 
-    async def get_stream(self, key: str, read_ahead: int = 0) -> tuple[ObjectInfo, AsyncIterator[bytes]]:
+    async def get_stream(self, key: str, read_ahead: int = 0) -> Stream:
         fd, info = await self._run(self._open_object, key, key=key)
 
         async def chunks() -> AsyncIterator[bytes]:
@@ -325,7 +331,7 @@ class DirectoryStore(Layout):
             finally:
                 os.close(fd)
 
-        return info, chunks()
+        return Stream(info, chunks())
 
     def _open_object(self, key: str) -> tuple[int, ObjectInfo]:
         """An open descriptor of ``key``'s data file and its info (never through a symlink)."""

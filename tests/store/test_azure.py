@@ -779,11 +779,11 @@ async def test_a_blob_rewritten_while_streamed_ahead_fails_the_read_never_mixes_
     store = await azure_stores()
     old, new = os.urandom(CHUNK_BYTES * 3), os.urandom(CHUNK_BYTES * 3)
     await store.put("r/big.bin", old, ObjectMeta.of(old, 1, 0o600))
-    _, chunks = await store.get_stream("r/big.bin", 1)
-    got = [await chunks.__anext__()]  # one range is in flight now, the last one not yet asked for
-    async with azure_stores.raw() as svc:
-        await svc.get_blob_client(azure_stores.container, "r/big.bin").upload_blob(new, overwrite=True)
-    with pytest.raises(StoreError):
-        async for c in chunks:
-            got.append(c)
+    async with await store.get_stream("r/big.bin", 1) as (_, chunks):
+        got = [await chunks.__anext__()]  # one range is in flight now, the last one not yet asked for
+        async with azure_stores.raw() as svc:
+            await svc.get_blob_client(azure_stores.container, "r/big.bin").upload_blob(new, overwrite=True)
+        with pytest.raises(StoreError):
+            async for c in chunks:
+                got.append(c)
     assert b"".join(got) == old[: len(b"".join(got))]

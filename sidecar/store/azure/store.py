@@ -50,6 +50,7 @@ from sidecar.store.base import (
     ObjectMeta,
     Source,
     StoreError,
+    Stream,
     TransientStoreError,
     supersedes,
 )
@@ -121,6 +122,8 @@ class AzureBlobStore:
     #: directory, before the file's blob is deleted), and the listing comes in name order. The
     #: restore decides between the two shapes (:class:`sidecar.plan.ShapeConflicts`).
     flat_namespace = True
+    #: :meth:`now` is the service's clock (a response's ``Date``), never this machine's.
+    clock_is_local = False
 
     def __init__(
         self,
@@ -460,12 +463,12 @@ class AzureBlobStore:
             raise self._cut_short(key)
         return data, self._info(key, len(data), props.metadata, props.etag, props.last_modified)
 
-    async def get_stream(self, key: str, read_ahead: int = 0) -> tuple[ObjectInfo, AsyncIterator[bytes]]:
+    async def get_stream(self, key: str, read_ahead: int = 0) -> Stream:
         downloader = await self._download(key)
         props = downloader.properties
         info = self._info(key, props.size, props.metadata, props.etag, props.last_modified)
         if read_ahead > 0 and props.size > CHUNK_BYTES:
-            return info, self._ranges(key, downloader, read_ahead)
+            return Stream(info, self._ranges(key, downloader, read_ahead))
 
         async def chunks() -> AsyncIterator[bytes]:
             got = 0
@@ -478,7 +481,7 @@ class AzureBlobStore:
             if got != props.size:
                 raise self._cut_short(key)
 
-        return info, chunks()
+        return Stream(info, chunks())
 
     async def _ranges(self, key: str, downloader: Any, window: int) -> AsyncIterator[bytes]:
         """The blob's chunks, in order, with up to ``window`` ranged GETs of the next ones in
