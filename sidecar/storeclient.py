@@ -1,4 +1,5 @@
-"""The store client for a command's settings: the one place a command opens its store from."""
+"""The store client for a command's settings: the one place the sidecar makes a store from
+(:func:`sidecar.store.make_store` is called nowhere else)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,16 @@ def open_store(settings: Settings, read_only: bool = False, roots: list[Root] | 
     for event, fields in on_local_disk:
         log.warning(event, None, **fields)
     return store
+
+
+def store_at(settings: Settings, prefix: str, concurrency: int = 4) -> Store:
+    """The store of ``settings`` at ``prefix`` (a full prefix, not below the namespace: another
+    namespace, or the top of the store), read-only: opening it creates nothing (a container or
+    store directory deleted meanwhile is never made again; what is gone lists as empty). Not
+    opened; its URL was checked when the command's own store was made (:func:`open_store`)."""
+    from sidecar.store import make_store
+
+    return make_store(settings.store_url, prefix, read_only=True, concurrency=concurrency)
 
 
 async def missing(store: Store) -> str | None:
