@@ -41,7 +41,7 @@ from sidecar import log
 from sidecar.paths import MAX_KEY_BYTES, UnsafeKey, validate_relpath
 from sidecar.store.azure.credentials import Credentials, pick_credentials
 from sidecar.store.azure.errors import Where, error_code, store_error
-from sidecar.store.azure.location import BlobLocation, known_account, parse_store_url
+from sidecar.store.azure.location import BlobLocation
 from sidecar.store.azure.retry import Retry
 from sidecar.store.base import (
     CHUNK_BYTES,
@@ -169,31 +169,15 @@ class AzureBlobStore:
         self._closed = False
 
     @classmethod
-    def from_url(
-        cls, url: str, prefix: str = "", env: Mapping[str, str] | None = None, **options: Any
-    ) -> "AzureBlobStore":
-        """A store for ``SIDECAR_STORE=url`` and ``SIDECAR_PREFIX=prefix`` (not yet opened).
-
-        ``env`` (default ``os.environ``) supplies the credentials; ``options`` tune the client
-        (``concurrency``: operations in flight, which sizes the connection pool; ``retry_total``,
-        ``retry_backoff``, ``connection_timeout``, ``read_timeout``, ``request_hook(method, path)``
-        called for every request sent, ``create=False`` for a read-only use such as ``status``: a
-        missing container lists as empty and is not created). The proxy, if any, comes from
-        ``env`` too (:func:`~sidecar.store.proxy.proxy_for`). Raises ValueError, without any
-        secret in the message, for a bad URL, credential or proxy.
-        """
-        env = os.environ if env is None else env
-        try:
-            location = parse_store_url(url, prefix, known_account=known_account(env))
-        except ValueError as e:
-            # The URL may carry a SAS token; never echo it.
-            raise ValueError(log.redact(str(e), [urlsplit(url).query] if "?" in url else [])) from None
-        return cls.at(location, env, **options)
-
-    @classmethod
     def at(cls, location: BlobLocation, env: Mapping[str, str] | None = None, **options: Any) -> "AzureBlobStore":
-        """A store at ``location`` (a parsed URL, its prefix included), with the credentials of
-        ``env`` (default ``os.environ``); ``options`` as for :meth:`from_url`."""
+        """A store at ``location`` (a URL the registry parsed, its prefix included; not yet
+        opened), with the credentials of ``env`` (default ``os.environ``). ``options`` tune the
+        client (``concurrency``: operations in flight, which sizes the connection pool;
+        ``retry_total``, ``retry_backoff``, ``connection_timeout``, ``read_timeout``,
+        ``request_hook(method, path)`` called for every request sent, ``create=False`` for a
+        read-only use such as ``status``: a missing container lists as empty and is not created).
+        The proxy, if any, comes from ``env`` too (:func:`~sidecar.store.proxy.proxy_for`).
+        Raises ValueError, without any secret in the message, for a bad credential or proxy."""
         env = os.environ if env is None else env
         options.setdefault("proxy_env", env)
         # Checked before a credential object exists that an error would leave open.
