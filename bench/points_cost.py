@@ -60,12 +60,12 @@ async def measure(url: str, root_dir: Path, proxy: Proxy, *, namespace_mib: int,
     from sidecar.paths import Root
     from sidecar.points import Retention
     from sidecar.pointwriter import PointWriter
-    from sidecar.store.azure import AzureBlobStore
+    from sidecar.store import make_store
     from sidecar.store.base import ObjectMeta
     from sidecar.writer import Writer
 
     env = {"AZURE_STORAGE_CONNECTION_STRING": connection_string(proxy.via(url.rsplit("/", 1)[0]))}
-    store = AzureBlobStore.from_url(proxy.via(url), env=env)
+    store = make_store(proxy.via(url), env=env)
     await store.open()
     clock = Clock()
 

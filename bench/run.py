@@ -412,11 +412,11 @@ def bench_coldstart(t: Target, tmp: Path, rounds: int) -> None:
     from agenthost import AgentHost, ensure_venv
 
     python = ensure_venv("issue")
-    from sidecar.store.azure import AzureBlobStore
+    from sidecar.store import make_store
     from sidecar.store.base import ObjectMeta
 
     async def seed() -> None:
-        store = AzureBlobStore.from_url(f"{t.url}/cold", env=t.key_env())
+        store = make_store(f"{t.url}/cold", env=t.key_env())
         await store.open()
         for i in range(20):
             data = os.urandom(100 * 1024)

@@ -171,10 +171,10 @@ def phases(credential: str, rounds: int, tree: str) -> int:
 
 async def seed(t: Target) -> None:
     """20 files of 100 KiB, as the cold-start figure restores."""
-    from sidecar.store.azure import AzureBlobStore
+    from sidecar.store import make_store
     from sidecar.store.base import ObjectMeta
 
-    store = AzureBlobStore.from_url(f"{t.url}/start", env=t.key_env())
+    store = make_store(f"{t.url}/start", env=t.key_env())
     await store.open()
     for i in range(20):
         data = os.urandom(100 * 1024)

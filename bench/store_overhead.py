@@ -28,7 +28,7 @@ sys.path.insert(0, REPO)
 
 from azure.storage.blob.aio import BlobServiceClient  # noqa: E402
 
-from sidecar.store.azure import AzureBlobStore  # noqa: E402
+from sidecar.store import make_store  # noqa: E402
 from sidecar.store.base import ObjectInfo, ObjectMeta  # noqa: E402
 from tests.azurite import Azurite  # noqa: E402
 
@@ -56,7 +56,7 @@ async def run(url: str, conn: str, iterations: int, size: int, warmup: int, prof
     data = os.urandom(size)
     container = "bench"
     raw_service = BlobServiceClient.from_connection_string(conn)
-    store = AzureBlobStore.from_url(f"{url}/{container}", "store", env={"AZURE_STORAGE_CONNECTION_STRING": conn})
+    store = make_store(f"{url}/{container}", "store", env={"AZURE_STORAGE_CONNECTION_STRING": conn})
     await store.open()  # creates the container
     raw_blob = raw_service.get_container_client(container).get_blob_client("raw/ckpt.json")
     key = "root/ckpt.json"

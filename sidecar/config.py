@@ -15,7 +15,8 @@ service links (``SIDECAR_SERVICE_HOST``, ``SIDECAR_PORT_80_TCP``... for a Servic
 the shape kubelet gives it (``SIDECAR_HTTP_PORT=9090``, not ``tcp://…``, is a typo); two variables naming one setting in
 different cases (``SIDECAR_STORE`` and ``sidecar_store``) are an error; so is an unset
 ``SIDECAR_STORE`` on a container platform, whose local disk goes with the container, and there a
-directory store that does not exist (:func:`check_store_volume`, when the store is opened).
+directory store that does not exist (the backend's own check, when the store is opened:
+:func:`sidecar.storeclient.check_store_volume`).
 No setting lies under the prefixes Foundry reserves for its own variables (``FOUNDRY_*``,
 ``AGENT_*``): every setting is ``SIDECAR_*``.
 """
@@ -602,56 +603,3 @@ def _one_per_duplicate(problems: list[str], twice: Mapping[str, list[str]]) -> l
     was read is arbitrary, and its one line says so."""
     own = {f"{v}: set " for v in twice}
     return [p for p in problems if p.split(": ", 1)[0] not in twice or any(p.startswith(o) for o in own)]
-
-
-def check_store_volume(settings: Settings, roots: list[Root], cwd: str | None = None,
-                       container_root: str = "/") -> list[tuple[str, dict[str, str]]]:
-    """On a container platform (:attr:`Settings.platform`) a directory store must be a mounted
-    volume: one that does not exist is never created (it would be on the container's own disk,
-    gone with it, and a restore from it would look like a first boot): ValueError, one line.
-    There a store that exists yet lies on the container's own disk is a warning (an event and its
-    fields): on the filesystem of ``container_root`` (the root/overlay filesystem: the platform
-    did not mount the volume over the image's directory), ``store_on_container_disk``; on that of
-    a root, ``store_on_root_filesystem``. None off-platform, where a missing store is made when it
-    is opened. What cannot be inspected is left to the store's own open, which says what is wrong."""
-    local = settings.store_url.local_path
-    if settings.platform is None or local is None:
-        return []
-    path = os.path.normpath(os.path.join(cwd or os.getcwd(), local))
-    try:
-        store_dev = os.stat(path).st_dev
-    except FileNotFoundError:
-        raise ValueError(
-            f"SIDECAR_STORE: the directory store {_shortened(path, 200)} does not exist, and {settings.platform} says "
-            "this runs on a container platform, where the store must be a mounted volume: it is never created "
-            "on the container's own disk; mount the volume there or fix the path (SIDECAR_PREFIX names a "
-            "directory inside it)") from None
-    except OSError:
-        return []
-    warnings: list[tuple[str, dict[str, str]]] = []
-    if _device_of(container_root) == store_dev:
-        warnings.append(("store_on_container_disk", {
-            "store": path, "platform": settings.platform,
-            "detail": "the directory store is on the container's own root filesystem, lost with the container: "
-                      "a mounted volume is expected there (was it mounted?)"}))
-    shared = [r.path for r in roots if _device_of(r.path) == store_dev]
-    if shared:
-        warnings.append(("store_on_root_filesystem", {
-            "store": path, "roots": ",".join(shared), "platform": settings.platform,
-            "detail": "the directory store is on the same filesystem as the mirrored roots: on a container platform "
-                      "that is likely the compute's own disk, lost with it; mount a volume for SIDECAR_STORE"}))
-    return warnings
-
-
-def _device_of(path: str) -> int | None:
-    """The filesystem of ``path``, or of its nearest existing parent (a root may not exist yet)."""
-    while True:
-        try:
-            return os.stat(path).st_dev
-        except FileNotFoundError:
-            parent = os.path.dirname(path)
-            if parent == path:
-                return None
-            path = parent
-        except OSError:
-            return None

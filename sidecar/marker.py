@@ -170,18 +170,13 @@ async def remove(store: Store, stamp: int) -> bool:
 async def _marker_bytes(store: Store, key: str) -> tuple[bytes | None, ObjectInfo]:
     """The marker's bytes (None when larger than :data:`MAX_MARKER_BYTES`: never read whole) and
     the marker as the store holds it; :class:`NotFound` when there is none."""
-    info, chunks = await store.get_stream(key)
     data = bytearray()
-    try:
+    async with await store.get_stream(key) as (info, chunks):
         if info.size <= MAX_MARKER_BYTES:
             async for chunk in chunks:
                 data += chunk
                 if len(data) > MAX_MARKER_BYTES:
                     break
-    finally:
-        close = getattr(chunks, "aclose", None)
-        if close is not None:
-            await close()
     fits = info.size <= MAX_MARKER_BYTES and len(data) <= MAX_MARKER_BYTES
     return (bytes(data) if fits else None), info
 

@@ -159,8 +159,7 @@ async def groups(store: Store) -> AsyncIterator[Group]:
 
 def namespace_store(settings: "Settings", prefix: str, namespace: str, concurrency: int = 4) -> Store:
     """A namespace's own store, as its sidecar makes it (the directory store's records and locks
-    are per namespace), read-only: opening it creates nothing (a container or store directory
-    deleted meanwhile is never made again; what is gone lists as empty). Not opened."""
-    from sidecar.store import make_store
+    are per namespace), read-only (:func:`~sidecar.storeclient.store_at`). Not opened."""
+    from sidecar.storeclient import store_at
 
-    return make_store(settings.store_url, full_name(prefix, namespace), read_only=True, concurrency=concurrency)
+    return store_at(settings, full_name(prefix, namespace), concurrency)

@@ -48,7 +48,6 @@ from sidecar.points import (
     point_source,
     retention_plan,
 )
-from sidecar.snapshot import close_stream
 from sidecar.store.base import NotFound, ObjectInfo, ObjectMeta, StoreError
 from sidecar.writer import Writer
 
@@ -285,11 +284,8 @@ class PointWriter:
         prev = None
         for p in points:
             self._culprit = p
-            info, chunks = await self.writer.get_stream(p.key)
-            try:
+            async with await self.writer.get_stream(p.key) as (_, chunks):
                 h = await PointReader(chunks).header(p)
-            finally:
-                await close_stream(chunks)
             if p.kind == INCR and h.prev != prev:
                 raise PointError(f"unreadable point: {p.key!r} does not follow the point before it")
             if p.kind == FULL:

@@ -45,7 +45,7 @@ from sidecar.namespaces import Namespace, StoreClock, full_name, namespace_store
 from sidecar.pruner import FAILED, PRUNED, SKIPPED, WOULD_PRUNE, Pruner, Result
 from sidecar.sessionplan import prunable
 from sidecar.store.base import Store, StoreError
-from sidecar.storeclient import missing, open_store
+from sidecar.storeclient import missing, open_store, store_at
 
 #: The store itself (the directory, the container) is not there: nothing can be listed.
 EXIT_MISSING = EXIT_FAIL
@@ -148,7 +148,7 @@ async def command(settings: Settings, dry_run: bool, force: bool = False) -> int
                         f"(it has an owner marker): prune the namespaces under a prefix that holds them, never "
                         f"inside one", EXIT_CONFIG)
         clock = await StoreClock.of(top)
-        if getattr(top, "clock_is_local", False) and not dry_run:
+        if top.clock_is_local and not dry_run:
             return fail(f"cannot read the clock of {top.description} (no file can be made there): prune judges "
                         "ages by the store's clock only; run it with write access to the store")
         pruner = Pruner(partial(_store_for, settings, prefix), clock.now, settings.fence_window,
@@ -188,13 +188,12 @@ async def _enclosing_namespace(settings: Settings, prefix: str) -> str | None:
     """The namespace ``prefix`` lies strictly inside (a prefix above it holds an owner marker),
     None when there is none: pruning inside a namespace would delete a live sidecar's files."""
     from sidecar.marker import OWNER_KEY
-    from sidecar.store import make_store
     from sidecar.store.base import NotFound
 
     parts = [p for p in prefix.split("/") if p]
     if not parts:
         return None
-    root = make_store(settings.store_url, "", read_only=True, concurrency=1)
+    root = store_at(settings, "", concurrency=1)
     try:
         for n in range(len(parts)):  # the top of the store, then each folder above the prefix
             above = "/".join(parts[:n])

@@ -298,10 +298,7 @@ async def _in_nested(store: Store, key: str, seen: dict[str, bool]) -> bool:
 
 async def _exists(store: Store, key: str) -> bool:
     try:
-        _, chunks = await store.get_stream(key)
+        async with await store.get_stream(key):
+            return True
     except NotFound:
         return False
-    close = getattr(chunks, "aclose", None)
-    if close is not None:
-        await close()
-    return True

@@ -43,7 +43,7 @@ from sidecar.known import StoreState
 from sidecar.localfs import FileSource, Unstable, Vanished, absent, hash_stable, read_stable, scan_root
 from sidecar.metrics import Totals
 from sidecar.paths import IgnoreRules, Root, split_key
-from sidecar.store.base import OWN_NAMESPACE, NotFound, ObjectInfo, ObjectMeta, Store, StoreError
+from sidecar.store.base import OWN_NAMESPACE, NotFound, ObjectInfo, ObjectMeta, Store, StoreError, close_chunks
 from sidecar.tarstream import Member, TarReader, TarSource, drain, load_header, member_header, pad, tar_chunks
 
 if TYPE_CHECKING:
@@ -294,25 +294,23 @@ async def open_bundle(store: Store, root_name: str) -> tuple[BundleReader, Async
     per-file objects); None when there is none. A bundle whose header names another root is a
     :class:`BundleError`."""
     try:
-        info, chunks = await store.get_stream(bundle_key(root_name))
+        stream = await store.get_stream(bundle_key(root_name))
     except NotFound:
         return None
-    reader = BundleReader(chunks)
+    reader = BundleReader(stream.chunks)
     try:
         await reader.header()
         if reader.root != root_name:
             raise BundleError(f"unreadable bundle: it is stored as {root_name!r}'s but names the root {reader.root!r}")
     except BaseException:
-        await close_stream(chunks)
+        await stream.aclose()
         raise
-    return reader, chunks, info
+    return reader, stream.chunks, stream.info
 
 
-async def close_stream(chunks: AsyncIterator[bytes]) -> None:
-    aclose = getattr(chunks, "aclose", None)
-    if aclose is not None:
-        with anyio.CancelScope(shield=True):
-            await aclose()
+#: The restore's name for :func:`~sidecar.store.base.close_chunks` (a bundle's stream is closed
+#: once its files are placed).
+close_stream = close_chunks
 
 
 class Committer:

@@ -1,7 +1,9 @@
-"""The store client for a command's settings: the one place a command opens its store from."""
+"""The store client for a command's settings: the one place the sidecar makes a store from
+(:func:`sidecar.store.make_store` is called nowhere else)."""
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 from sidecar import log
@@ -20,10 +22,9 @@ def open_store(settings: Settings, read_only: bool = False, roots: list[Root] | 
     nothing at all, not even a probe of the store's clock (see :func:`sidecar.store.make_store`).
     Raises :class:`~sidecar.errors.StoreConfigError` when
     its URL or credentials cannot be used, or when on a container platform it is a directory that
-    does not exist (:func:`~sidecar.config.check_store_volume`: checked before anything can make it;
-    one on the container's own disk or on the filesystem of ``roots`` is a warning). Nothing is sent
-    to the store yet."""
-    from sidecar.config import check_store_volume
+    does not exist (:func:`check_store_volume`: checked before anything can make it; one on the
+    container's own disk or on the filesystem of ``roots`` is a warning). Nothing is sent to the
+    store yet."""
     from sidecar.store import make_store
 
     try:
@@ -35,6 +36,28 @@ def open_store(settings: Settings, read_only: bool = False, roots: list[Root] | 
     for event, fields in on_local_disk:
         log.warning(event, None, **fields)
     return store
+
+
+def check_store_volume(settings: Settings, roots: list[Root], cwd: str | None = None,
+                       container_root: str = "/") -> list[tuple[str, dict[str, str]]]:
+    """On a container platform (:attr:`~sidecar.config.Settings.platform`), the store's backend
+    checks where its store is (``Location.check_volume``: a directory store must be a mounted
+    volume): ValueError, one line, or warnings (an event and its fields). None off-platform,
+    where a missing store is made when it is opened."""
+    if settings.platform is None:
+        return []
+    return settings.store_url.location.check_volume(settings.platform, [r.path for r in roots], cwd or os.getcwd(),
+                                                    container_root)
+
+
+def store_at(settings: Settings, prefix: str, concurrency: int = 4) -> Store:
+    """The store of ``settings`` at ``prefix`` (a full prefix, not below the namespace: another
+    namespace, or the top of the store), read-only: opening it creates nothing (a container or
+    store directory deleted meanwhile is never made again; what is gone lists as empty). Not
+    opened; its URL was checked when the command's own store was made (:func:`open_store`)."""
+    from sidecar.store import make_store
+
+    return make_store(settings.store_url, prefix, read_only=True, concurrency=concurrency)
 
 
 async def missing(store: Store) -> str | None:

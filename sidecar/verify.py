@@ -43,10 +43,10 @@ from sidecar import log
 from sidecar.errors import EXIT_DAMAGED, EXIT_OK, fail, first_of
 from sidecar.log import rfc3339
 from sidecar.namespaces import full_name, groups, namespace_store, start_operator
-from sidecar.pointrestore import close_stream, open_point
+from sidecar.pointrestore import open_point
 from sidecar.points import EntryMismatch, PointError, PointName, parse_point_key
 from sidecar.retry import retry_transient
-from sidecar.store.base import NotFound, ObjectInfo, Store, StoreError
+from sidecar.store.base import NotFound, ObjectInfo, Store, StoreError, close_chunks
 from sidecar.storeclient import missing, open_store
 from sidecar.tarstream import drain
 from sidecar.verifyplan import (
@@ -81,19 +81,14 @@ RETRY_SECONDS = 30.0
 
 async def _digest(store: Store, key: str) -> tuple[ObjectInfo, int, str] | None:
     """The object's info as read, and the size and sha256 of its bytes, streamed; None when gone."""
-    try:
-        info, chunks = await store.get_stream(key, READ_AHEAD)
-    except NotFound:
-        return None
     digest, size = hashlib.sha256(), 0
     try:
-        async for chunk in chunks:
-            digest.update(chunk)
-            size += len(chunk)
+        async with await store.get_stream(key, READ_AHEAD) as (info, chunks):
+            async for chunk in chunks:
+                digest.update(chunk)
+                size += len(chunk)
     except NotFound:
         return None
-    finally:
-        await close_stream(chunks)
     return info, size, digest.hexdigest()
 
 
@@ -135,7 +130,7 @@ class _Hashing:
                 self.digest.update(chunk)
                 yield chunk
         finally:
-            await close_stream(chunks)
+            await close_chunks(chunks)
 
     def mismatch(self) -> bool:
         """Whether the bytes read do not hash to the object's recorded sha256 (one it records)."""
@@ -199,7 +194,7 @@ async def _check_point(store: Store, name: PointName, info: ObjectInfo, read_dat
                 if tap.mismatch():
                     check.error = BAD_BYTES
     finally:
-        await close_stream(opened.chunks)
+        await close_chunks(opened.chunks)
     return check
 
 

@@ -24,7 +24,7 @@ import anyio
 from sidecar import log, metrics
 from sidecar.fence import Fence, Fenced
 from sidecar.marker import OWNER_KEY
-from sidecar.store.base import ObjectInfo, ObjectMeta, Source, Store, StoreError
+from sidecar.store.base import ObjectInfo, ObjectMeta, Source, Store, StoreError, Stream
 
 
 class Writer:
@@ -161,13 +161,16 @@ class Writer:
     async def now(self) -> float:
         return await self._store.now()
 
+    flat_namespace = property(lambda self: self._store.flat_namespace)
+    clock_is_local = property(lambda self: self._store.clock_is_local)
+
     async def open(self) -> None:
         await self._store.open()
 
     async def get(self, key: str) -> tuple[bytes, ObjectInfo]:
         return await self._store.get(key)
 
-    async def get_stream(self, key: str, read_ahead: int = 0) -> tuple[ObjectInfo, AsyncIterator[bytes]]:
+    async def get_stream(self, key: str, read_ahead: int = 0) -> Stream:
         return await self._store.get_stream(key, read_ahead)
 
     def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:

@@ -29,7 +29,7 @@ import urllib.error
 import urllib.request
 import uuid
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Any, Iterator, Mapping
 from urllib.parse import urlsplit
 
 import pytest
@@ -271,7 +271,7 @@ class AzuriteEndpoint:
         return connection_string(self.url, self.account, self.key)
 
     def env(self) -> dict[str, str]:
-        """A credential environment for ``AzureBlobStore.from_url(..., env=...)``."""
+        """A credential environment for :func:`azure_store` (``env=...``)."""
         return {"AZURE_STORAGE_CONNECTION_STRING": self.connection_string}
 
     def container_url(self, container: str) -> str:
@@ -304,3 +304,16 @@ def azurite() -> Iterator[AzuriteEndpoint]:
     finally:
         server.stop()
         shutil.rmtree(location, ignore_errors=True)
+
+
+def azure_store(url: str, prefix: str = "", env: Mapping[str, str] | None = None, **options: Any) -> Any:
+    """The Azure store of ``SIDECAR_STORE=url`` and ``SIDECAR_PREFIX=prefix``, not opened, made
+    as the registry makes it (the URL checked by the backend's ``parse_url``, the store built at
+    that location), credentials and proxy from ``env`` (default ``os.environ``); ``options`` tune
+    its client as a test needs (``retry_total``, ``retry_backoff``, ``request_hook``...:
+    ``AzureBlobStore.at``'s)."""
+    from sidecar.store.azure import parse_url
+    from sidecar.store.azure.store import AzureBlobStore
+
+    env = os.environ if env is None else env
+    return AzureBlobStore.at(parse_url(url, env).with_prefix(prefix), env, **options)

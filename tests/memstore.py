@@ -26,7 +26,7 @@ import anyio
 import anyio.lowlevel
 
 from sidecar.paths import MAX_KEY_BYTES, UnsafeKey, validate_relpath
-from sidecar.store.base import CHUNK_BYTES, NotFound, ObjectInfo, ObjectMeta, Source, StoreError, supersedes
+from sidecar.store.base import CHUNK_BYTES, NotFound, ObjectInfo, ObjectMeta, Source, StoreError, Stream, supersedes
 
 #: The ops hooks see, as named in :class:`Hooks` calls (``list``'s key is its prefix; ``open``,
 #: ``exists`` and ``now`` have the key ``""``).
@@ -223,6 +223,12 @@ class MemoryStore:
     among any number of stores and tasks. ``expected`` is never consulted: it only makes a remote
     write cheaper. ``create=False``: :meth:`open` never makes a dropped container."""
 
+    #: Restored as the directory store is (each object as it is listed), though it could hold
+    #: ``a`` and ``a/x`` at once: a test of Azure's rule sets it on its store.
+    flat_namespace = False
+    #: Its clock is the space's :class:`FakeClock`, never this machine's.
+    clock_is_local = False
+
     def __init__(self, space: MemorySpace, prefix: str = "", *, create: bool = True, hooks: Hooks | None = None) -> None:
         self.space = space
         self.prefix = prefix.strip("/")
@@ -305,7 +311,7 @@ class MemoryStore:
         await self.hooks._at("get", key, "after")
         return held
 
-    async def get_stream(self, key: str, read_ahead: int = 0) -> tuple[ObjectInfo, AsyncIterator[bytes]]:
+    async def get_stream(self, key: str, read_ahead: int = 0) -> Stream:
         """The bytes as they were when it was called (a later put does not change a read begun),
         in chunks of at most ``CHUNK_BYTES``; ``read_ahead`` has nothing to fetch ahead."""
         name = self._name(key)
@@ -320,7 +326,7 @@ class MemoryStore:
                 yield data[start:start + CHUNK_BYTES]
 
         await self.hooks._at("get_stream", key, "after")
-        return info, chunks()
+        return Stream(info, chunks())
 
     async def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:
         """In name order, as the objects were when the listing began."""

@@ -106,10 +106,10 @@ async def newest_tree(store) -> dict[str, bytes] | None:
     tree: dict[str, bytes] = {}
     for name in sorted(n for n in names if n.base == newest.base and n.seq <= newest.seq):
         try:
-            _, chunks = await store.get_stream(name.key)
+            async with await store.get_stream(name.key) as (_, chunks):
+                header, files = await read_point(chunks)
         except NotFound:  # deleted by retention since the listing: look again
             return None
-        header, files = await read_point(chunks)
         if name.kind == "full":
             tree = {}
         for e in header.entries:

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import AsyncIterator, Iterator, Protocol, runtime_checkable
+from types import TracebackType
+from typing import AsyncIterator, Iterator, NamedTuple, Protocol, runtime_checkable
+
+import anyio
 
 from sidecar import log
 
@@ -115,6 +118,35 @@ class Source(Protocol):
     def iter_sync(self) -> Iterator[bytes]: ...
 
 
+class Stream(NamedTuple):
+    """What :meth:`Store.get_stream` returns: the object's info and its chunks. It closes itself:
+    ``async with await store.get_stream(key) as (info, chunks):`` closes the chunks when the block
+    is left, read to the end or not (unpacked as ``info, chunks = ...`` instead, the caller closes
+    them: :meth:`aclose`)."""
+
+    info: "ObjectInfo"
+    chunks: AsyncIterator[bytes]
+
+    async def aclose(self) -> None:
+        await close_chunks(self.chunks)
+
+    async def __aenter__(self) -> "Stream":
+        return self
+
+    async def __aexit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.aclose()
+
+
+async def close_chunks(chunks: AsyncIterator[bytes]) -> None:
+    """Close a stream's chunks before their end (an iterator without ``aclose`` holds nothing),
+    shielded: a cancelled task still releases the connection or file."""
+    aclose = getattr(chunks, "aclose", None)
+    if aclose is not None:
+        with anyio.CancelScope(shield=True):
+            await aclose()
+
+
 class StoreError(Exception):
     """A failure that retrying will not fix (bad credentials, missing permission, bad URL).
 
@@ -139,6 +171,19 @@ class NotFound(StoreError):
 class Store(Protocol):
     #: Where the store is, for logs and errors; never contains a secret.
     description: str
+
+    @property
+    def flat_namespace(self) -> bool:
+        """Whether keys are names, not paths: ``a`` and ``a/x`` can be stored at once (a file
+        replaced by a directory, before the file's object is deleted) and :meth:`list` comes in
+        name order, so the restore decides between the two shapes as it lists
+        (:class:`sidecar.plan.ShapeConflicts`). Azure: True; the directory store: False."""
+
+    @property
+    def clock_is_local(self) -> bool:
+        """Whether :meth:`now` has fallen back to this machine's clock (the directory store where
+        it cannot make a file to read the store's): ``prune`` then refuses to judge ages by it.
+        False until :meth:`now` says otherwise; a store that tells its own clock: always False."""
 
     async def open(self) -> None:
         """Connect and check the store is usable (create the container or directory if allowed)."""
@@ -166,12 +211,13 @@ class Store(Protocol):
     async def get(self, key: str) -> tuple[bytes, ObjectInfo]:
         """The object's bytes and metadata; :class:`NotFound` when absent."""
 
-    async def get_stream(self, key: str, read_ahead: int = 0) -> tuple[ObjectInfo, AsyncIterator[bytes]]:
+    async def get_stream(self, key: str, read_ahead: int = 0) -> Stream:
         """The object's metadata and its bytes in chunks of at most :data:`CHUNK_BYTES` (for
-        objects too large to hold); :class:`NotFound` when absent. Iterate the chunks to the end
-        or close them. ``read_ahead``: a remote store fetches up to that many further chunks while
-        one is consumed (that many chunks more in memory), so a large object streams at the
-        store's pace rather than one round trip a chunk; a local one may ignore it."""
+        objects too large to hold); :class:`NotFound` when absent. The :class:`Stream` closes
+        itself (``async with``); unpacked, iterate the chunks to the end or close them.
+        ``read_ahead``: a remote store fetches up to that many further chunks while one is
+        consumed (that many chunks more in memory), so a large object streams at the store's pace
+        rather than one round trip a chunk; a local one may ignore it."""
 
     def list(self, prefix: str = "") -> AsyncIterator[ObjectInfo]:
         """Every object whose key starts with ``prefix``, with metadata, in one paged pass, in

@@ -78,6 +78,7 @@ from sidecar.store.base import (
     Source,
     StoreError,
     StoreFull,
+    Stream,
     supersedes,
 )
 from sidecar.store.dirfs import (
@@ -104,6 +105,7 @@ from sidecar.store.dirfs import (
     _unlink_durably,
     _unlink_quietly,
     _write_atomic,
+    device_of,
 )
 from sidecar.store.dirlayout import Layout
 
@@ -115,6 +117,11 @@ class DirectoryStore(Layout):
     """``create=False`` (a read-only use such as ``status``): :meth:`open` makes no directory,
     and a store that does not exist yet lists as empty; ``writes=False`` (default: ``create``): nothing
     is written, not even the clock probe of :meth:`now` (a command that only reads)."""
+
+    #: Keys are paths: ``a`` and ``a/x`` cannot both be stored, and the walk comes in no order.
+    flat_namespace = False
+    #: Set by :meth:`now` once it falls back to this machine's clock.
+    clock_is_local = False
 
     def __init__(self, base: str, prefix: str = "", create: bool = True, writes: bool | None = None) -> None:
         self.create = create
@@ -315,7 +322,7 @@ class DirectoryStore(Layout):
 
         return await self._run(read, key=key)
 
-    async def get_stream(self, key: str, read_ahead: int = 0) -> tuple[ObjectInfo, AsyncIterator[bytes]]:
+    async def get_stream(self, key: str, read_ahead: int = 0) -> Stream:
         fd, info = await self._run(self._open_object, key, key=key)
 
         async def chunks() -> AsyncIterator[bytes]:
@@ -325,7 +332,7 @@ class DirectoryStore(Layout):
             finally:
                 os.close(fd)
 
-        return info, chunks()
+        return Stream(info, chunks())
 
     def _open_object(self, key: str) -> tuple[int, ObjectInfo]:
         """An open descriptor of ``key``'s data file and its info (never through a symlink)."""
@@ -524,6 +531,42 @@ class DirectoryLocation:
     @property
     def local_path(self) -> str:
         return self.path
+
+    def check_volume(self, platform: str, roots: list[str], cwd: str,
+                     container_root: str = "/") -> list[tuple[str, dict[str, str]]]:
+        """On a container platform (``platform``) the directory must be a mounted volume: one that
+        does not exist is never created (it would be on the container's own disk, gone with it,
+        and a restore from it would look like a first boot): ValueError, one line. One that
+        exists yet lies on the container's own disk is a warning (an event and its fields): on
+        the filesystem of ``container_root`` (the root/overlay filesystem: the platform did not
+        mount the volume over the image's directory), ``store_on_container_disk``; on that of a
+        root, ``store_on_root_filesystem``. What cannot be inspected is left to the store's own
+        open, which says what is wrong."""
+        path = os.path.normpath(os.path.join(cwd, self.path))
+        try:
+            store_dev = os.stat(path).st_dev
+        except FileNotFoundError:
+            shown = log.printable(path[:200], ascii=True) + (f"...({len(path)} characters)" if len(path) > 200 else "")
+            raise ValueError(
+                f"SIDECAR_STORE: the directory store {shown} does not exist, and {platform} says this runs on a "
+                "container platform, where the store must be a mounted volume: it is never created on the container's "
+                "own disk; mount the volume there or fix the path (SIDECAR_PREFIX names a directory inside it)") from None
+        except OSError:
+            return []
+        warnings: list[tuple[str, dict[str, str]]] = []
+        if device_of(container_root) == store_dev:
+            warnings.append(("store_on_container_disk", {
+                "store": path, "platform": platform,
+                "detail": "the directory store is on the container's own root filesystem, lost with the container: "
+                          "a mounted volume is expected there (was it mounted?)"}))
+        shared = [r for r in roots if device_of(r) == store_dev]
+        if shared:
+            warnings.append(("store_on_root_filesystem", {
+                "store": path, "roots": ",".join(shared), "platform": platform,
+                "detail": "the directory store is on the same filesystem as the mirrored roots: on a container "
+                          "platform that is likely the compute's own disk, lost with it; mount a volume for "
+                          "SIDECAR_STORE"}))
+        return warnings
 
 
 def parse_url(url: str, env: Mapping[str, str]) -> DirectoryLocation:

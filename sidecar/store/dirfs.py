@@ -440,3 +440,17 @@ def _clock_in(dfd: int) -> int:
     finally:
         _unlink_quietly(dfd, name)  # (while still locked)
         os.close(fd)
+
+
+def device_of(path: str) -> int | None:
+    """The filesystem of ``path``, or of its nearest existing parent (a root may not exist yet)."""
+    while True:
+        try:
+            return os.stat(path).st_dev
+        except FileNotFoundError:
+            parent = os.path.dirname(path)
+            if parent == path:
+                return None
+            path = parent
+        except OSError:
+            return None

@@ -40,6 +40,14 @@ class Location(Protocol):
         """The directory on this machine the store is (maybe relative, to the working
         directory), or None for a store elsewhere: a store must not overlap a mirrored root."""
 
+    def check_volume(self, platform: str, roots: list[str], cwd: str,
+                     container_root: str = "/") -> list[tuple[str, dict[str, str]]]:
+        """On a container platform (``platform``: the variable that tells it), whether the store
+        is where it survives the container, checked before anything can make it: ValueError, one
+        line, for one that must not be used; warnings (an event and its fields) for one that may.
+        ``roots``: the mirrored roots' paths; ``cwd``: what a relative path is relative to;
+        ``container_root``: the container's own root filesystem."""
+
 
 class _BackendModule(Protocol):
     def parse_url(self, url: str, env: Mapping[str, str]) -> Location: ...

@@ -67,12 +67,7 @@ def test_a_predecessor_clock_an_hour_ahead_delays_uploads_by_one_window(kind, tm
     marker = json.dumps({"generation": stamp, "owner": "ahead", "heartbeat": time.time() + 3600}).encode()
 
     async def plant() -> None:
-        if kind == "azure":
-            from sidecar.store.azure import AzureBlobStore
-
-            store = AzureBlobStore.from_url(env["SIDECAR_STORE"], env={"AZURE_STORAGE_CONNECTION_STRING": t.conn})
-        else:
-            store = make_store(env["SIDECAR_STORE"])
+        store = make_store(env["SIDECAR_STORE"], env={"AZURE_STORAGE_CONNECTION_STRING": t.conn} if kind == "azure" else {})
         await store.open()
         try:
             await store.put(OWNER_KEY, marker, ObjectMeta.of(marker, stamp, 0o600, version=stamp))

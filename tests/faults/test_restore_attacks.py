@@ -28,7 +28,7 @@ from sidecar.snapshot import (
     decode_bundle,
     encode_bundle,
 )
-from sidecar.store.base import NotFound, ObjectInfo, ObjectMeta
+from sidecar.store.base import NotFound, ObjectInfo, ObjectMeta, Stream
 from sidecar.store.directory import DirectoryStore
 from sidecar.writer import Writer
 from support import disk_tree, json_lines, run_cli, seed_directory_store
@@ -68,7 +68,7 @@ class VersionedStore:
             for i in range(0, len(data), 4096):
                 yield data[i : i + 4096]
 
-        return info, chunks()
+        return Stream(info, chunks())
 
     async def delete(self, key):
         self.objects.pop(key, None)

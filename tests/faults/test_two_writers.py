@@ -236,7 +236,7 @@ def test_two_claims_of_the_same_generation_leave_exactly_one_owner(tmp_path):
 
     from sidecar.fence import Fence, Fenced
     from sidecar.marker import OWNER_KEY
-    from sidecar.store.base import NotFound
+    from sidecar.store.base import NotFound, Stream
     from sidecar.store.directory import DirectoryStore
 
     class BothReadFirst(DirectoryStore):
@@ -266,7 +266,7 @@ def test_two_claims_of_the_same_generation_leave_exactly_one_owner(tmp_path):
             async def replay():
                 yield body
 
-            return info, replay()
+            return Stream(info, replay())
 
     async def one_round(n: int) -> list[str]:
         store = BothReadFirst(str(tmp_path / f"store{n}"))

@@ -68,7 +68,7 @@ def test_a_file_the_restore_refuses_stays_in_the_store(kind, tmp_path, request):
 @pytest.mark.azure
 def test_on_azure_a_file_beside_a_directory_of_the_same_name_stays(tmp_path, request):
     """Blob names allow ``x`` and ``x/y`` at once; a disk holds only one of them."""
-    from sidecar.store.azure import AzureBlobStore
+    from sidecar.store import make_store
     from sidecar.store.base import ObjectMeta
     from tests.faults.faultkit import new_target
 
@@ -76,7 +76,7 @@ def test_on_azure_a_file_beside_a_directory_of_the_same_name_stays(tmp_path, req
     env = target.env(SIDECAR_STORE=target.store_url)
 
     async def seed() -> None:
-        store = AzureBlobStore.from_url(target.store_url, env={"AZURE_STORAGE_CONNECTION_STRING": target.conn})
+        store = make_store(target.store_url, env={"AZURE_STORAGE_CONNECTION_STRING": target.conn})
         await store.open()
         try:
             for key, data in ((".checkpoints/x", b"a file"), (".checkpoints/x/y", b"a file below it")):

@@ -73,13 +73,9 @@ class Target:
 
     def store(self, namespace: str):
         """The real store client of ``namespace``, as a sidecar makes it."""
-        if self.azure:
-            from sidecar.store.azure import AzureBlobStore
+        from sidecar.store import make_store
 
-            return AzureBlobStore.from_url(self.url, namespace, env={"AZURE_STORAGE_CONNECTION_STRING": self.azure.conn})
-        from sidecar.store.directory import DirectoryStore
-
-        return DirectoryStore(self.url, namespace)
+        return make_store(self.url, namespace, env={"AZURE_STORAGE_CONNECTION_STRING": self.azure.conn} if self.azure else {})
 
     def put(self, namespace: str, key: str, body: bytes, version: int) -> int:
         """Write ``key`` of ``namespace`` at ``version`` with the real store client, as a sidecar

@@ -46,10 +46,10 @@ def stored(target: Target, prefix: str = "") -> tuple[dict[str, ObjectInfo], Poi
                 name = parse_point_key(info.key)
                 if name is not None:
                     try:
-                        _, chunks = await store.get_stream(info.key)
+                        async with await store.get_stream(info.key) as (_, chunks):
+                            header, files = await read_point(chunks)
                     except NotFound:  # deleted by retention since the listing
                         continue
-                    header, files = await read_point(chunks)
                     assert header.matches(name)
                     points.append((name, info, header, files))
                 elif info.key.startswith(".checkpoints/"):

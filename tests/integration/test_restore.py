@@ -12,7 +12,7 @@ import pytest
 
 from sidecar.paths import Root
 from sidecar.restorer import restore
-from sidecar.store.base import NotFound, ObjectInfo, ObjectMeta, TransientStoreError
+from sidecar.store.base import NotFound, ObjectInfo, ObjectMeta, Stream, TransientStoreError
 from support import checkpoints_root_with_a_link_out, disk_tree, run_cli, write_atomic
 
 
@@ -125,7 +125,7 @@ class MemoryStore:
             for i in range(0, len(data), 4096):
                 yield data[i : i + 4096]
 
-        return info, chunks()
+        return Stream(info, chunks())
 
     async def put(self, key, data, meta: ObjectMeta):
         raise NotImplementedError
@@ -312,7 +312,7 @@ def _bundle_store(tmp_path, fail_after: int | None, replaced: bytes | None = Non
         async def get_stream(self, k):
             info, chunks = await super().get_stream(k)
             if k != key:
-                return info, chunks
+                return Stream(info, chunks)
             self.streams += 1
             if self.streams > 1:
                 if replaced is not None:
@@ -327,7 +327,7 @@ def _bundle_store(tmp_path, fail_after: int | None, replaced: bytes | None = Non
                     sent += len(chunk)
                     yield chunk
 
-            return info, breaking()
+            return Stream(info, breaking())
 
     store = BreaksOnce({".checkpoints/big.bin": b"old", ".checkpoints/small.json": b"old",
                         key: encode_bundle(".checkpoints", changes)})

@@ -16,6 +16,7 @@ from tests.azurite import (  # noqa: E402
     Azurite,
     AzuriteEndpoint,
     AzuriteUnavailable,
+    azure_store,
     find_azurite_command,
     self_signed_cert,
     unique_container,
@@ -58,7 +59,7 @@ class AzureStores:
 
     async def __call__(self, prefix: str = "", *, url: str | None = None, env: dict | None = None,
                        open: bool = True, **options: Any) -> AzureBlobStore:
-        store = AzureBlobStore.from_url(url or self.url, prefix, env=self.endpoint.env() if env is None else env, **options)
+        store = azure_store(url or self.url, prefix, env=self.endpoint.env() if env is None else env, **options)
         self.stores.append(store)
         if open:
             await store.open()

@@ -12,11 +12,10 @@ import socket
 import anyio
 import pytest
 
-from sidecar.store.azure import AzureBlobStore
 from sidecar.store.base import ObjectMeta, StoreError, TransientStoreError
 from sidecar.store.proxy import Proxy, _bypassed, proxy_for
 from support import disk_tree, run_cli, sidecar_env
-from tests.azurite import DEV_ACCOUNT, DEV_KEY, unique_container
+from tests.azurite import DEV_ACCOUNT, DEV_KEY, azure_store, unique_container
 from tests.proxy import Proxy as ForwardProxy
 
 pytestmark = pytest.mark.anyio
@@ -52,8 +51,8 @@ def test_credentials_stay_in_the_url_and_out_of_every_message():
 
 def test_an_unusable_proxy_variable_is_refused_even_for_a_bypassed_host():
     with pytest.raises(ValueError):
-        AzureBlobStore.from_url("http://127.0.0.1:10000/devstoreaccount1/ckpt",
-                                env={"AZURE_STORAGE_KEY": FAKE_KEY, "HTTP_PROXY": "socks5://p:1"})
+        azure_store("http://127.0.0.1:10000/devstoreaccount1/ckpt",
+                    env={"AZURE_STORAGE_KEY": FAKE_KEY, "HTTP_PROXY": "socks5://p:1"})
 
 
 def test_an_empty_lower_case_variable_turns_the_proxy_off():
@@ -86,8 +85,8 @@ def test_no_proxy(host, port, no_proxy, direct):
 
 def test_the_store_takes_the_proxy_for_its_endpoint_once():
     env = {"AZURE_STORAGE_KEY": FAKE_KEY, "HTTPS_PROXY": "http://proxy.corp:3128", "NO_PROXY": "other.example"}
-    assert AzureBlobStore.from_url(f"https://{ACCOUNT}/ckpt", env=env)._proxy == Proxy("proxy.corp", 3128, "http://proxy.corp:3128")
-    assert AzureBlobStore.from_url(f"https://{ACCOUNT}/ckpt", env={**env, "NO_PROXY": ".windows.net"})._proxy is None
+    assert azure_store(f"https://{ACCOUNT}/ckpt", env=env)._proxy == Proxy("proxy.corp", 3128, "http://proxy.corp:3128")
+    assert azure_store(f"https://{ACCOUNT}/ckpt", env={**env, "NO_PROXY": ".windows.net"})._proxy is None
 
 
 # -- through a proxy ---------------------------------------------------------------------------
@@ -159,9 +158,9 @@ def test_https_goes_through_a_connect_tunnel_with_tls_to_the_account_inside(tls_
 async def test_a_proxy_refusing_the_tunnel_is_one_permanent_line_without_its_password(forward_proxy):
     proxy = forward_proxy(9)
     proxy.refuse_connect = 407
-    store = AzureBlobStore.from_url(f"https://{ACCOUNT}/state",
-                                    env={"AZURE_STORAGE_KEY": FAKE_KEY, "HTTPS_PROXY": f"http://me:s3cret@127.0.0.1:{proxy.port}"},
-                                    retry_total=3, retry_backoff=5.0)  # a retry would make this test take seconds
+    store = azure_store(f"https://{ACCOUNT}/state",
+                        env={"AZURE_STORAGE_KEY": FAKE_KEY, "HTTPS_PROXY": f"http://me:s3cret@127.0.0.1:{proxy.port}"},
+                        retry_total=3, retry_backoff=5.0)  # a retry would make this test take seconds
     try:
         with pytest.raises(StoreError) as e:
             await store.open()
@@ -178,8 +177,8 @@ async def test_an_unreachable_proxy_is_named_as_such():
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    store = AzureBlobStore.from_url(f"https://{ACCOUNT}/state",
-                                    env={"AZURE_STORAGE_KEY": FAKE_KEY, "HTTPS_PROXY": f"127.0.0.1:{port}"}, retry_total=0)
+    store = azure_store(f"https://{ACCOUNT}/state",
+                        env={"AZURE_STORAGE_KEY": FAKE_KEY, "HTTPS_PROXY": f"127.0.0.1:{port}"}, retry_total=0)
     try:
         with pytest.raises(StoreError) as e:
             await store.open()

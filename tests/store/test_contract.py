@@ -121,8 +121,8 @@ async def test_a_streamed_read_gives_the_bytes_in_order_whatever_the_read_ahead(
     store = await make_store()
     data = os.urandom(CHUNK_BYTES * 3 + 12345)  # three whole chunks and a part
     await store.put("r/big.bin", data, meta(data))
-    info, chunks = await store.get_stream("r/big.bin", read_ahead)
-    got = [c async for c in chunks]
+    async with await store.get_stream("r/big.bin", read_ahead) as (info, chunks):
+        got = [c async for c in chunks]
     assert info.size == len(data)
     assert b"".join(got) == data and all(len(c) <= CHUNK_BYTES for c in got)
 
@@ -131,11 +131,39 @@ async def test_a_streamed_read_closed_early_leaves_nothing_running(make_store):
     store = await make_store()
     data = os.urandom(CHUNK_BYTES * 4)
     await store.put("r/big.bin", data, meta(data))
-    _, chunks = await store.get_stream("r/big.bin", 3)
-    assert await chunks.__anext__() == data[:CHUNK_BYTES]
-    await chunks.aclose()  # the chunks fetched ahead are dropped
+    async with await store.get_stream("r/big.bin", 3) as (_, chunks):
+        assert await chunks.__anext__() == data[:CHUNK_BYTES]
+    # leaving the block closed the chunks: those fetched ahead are dropped, none is read again
+    with pytest.raises(StopAsyncIteration):
+        await chunks.__anext__()
     got, _ = await store.get("r/big.bin")  # and the store is still usable
     assert got == data
+    stream = await store.get_stream("r/big.bin", 3)  # unpacked, the caller closes it
+    assert await stream.chunks.__anext__() == data[:CHUNK_BYTES]
+    await stream.aclose()
+    with pytest.raises(StopAsyncIteration):
+        await stream.chunks.__anext__()
+
+
+async def test_a_stream_left_by_an_error_is_closed(make_store):
+    store = await make_store()
+    data = os.urandom(CHUNK_BYTES * 2)
+    await store.put("r/big.bin", data, meta(data))
+    with pytest.raises(KeyError):
+        async with await store.get_stream("r/big.bin", 1) as (info, chunks):
+            assert info.size == len(data) and await chunks.__anext__() == data[:CHUNK_BYTES]
+            raise KeyError("the caller's own failure")
+    with pytest.raises(StopAsyncIteration):
+        await chunks.__anext__()
+
+
+async def test_the_traits_are_declared(make_store):
+    """Every backend says whether its keys are names (``flat_namespace``) and whether its clock
+    is this machine's (``clock_is_local``: never before :meth:`now` fell back to it)."""
+    store = await make_store()
+    assert isinstance(store.flat_namespace, bool) and store.clock_is_local is False
+    await store.now()
+    assert store.clock_is_local is False  # a store it can write to tells its own clock
 
 
 @pytest.mark.parametrize("key", [

@@ -15,7 +15,7 @@ from sidecar.paths import Root
 from sidecar.pointrestore import AsOfError, aside_line, restore_as_of
 from sidecar.restorefs import Lineage, read_lineage
 from sidecar.restorer import restore
-from sidecar.store.base import ObjectMeta
+from sidecar.store.base import ObjectMeta, Stream
 from tests.pointkit import Counting, after, objects, point_blob, put_blob, write_point
 
 pytestmark = pytest.mark.anyio
@@ -241,10 +241,10 @@ class _ChangesMidRead:
 
         info, chunks = await self.store.get_stream(key, read_ahead)
         if key != self.key:
-            return info, chunks
+            return Stream(info, chunks)
         self.reads += 1
         if self.reads != 2:
-            return info, chunks
+            return Stream(info, chunks)
 
         async def broken():
             try:
@@ -255,7 +255,7 @@ class _ChangesMidRead:
             finally:
                 await chunks.aclose()
 
-        return info, broken()
+        return Stream(info, broken())
 
     def __getattr__(self, name: str):
         return getattr(self.store, name)

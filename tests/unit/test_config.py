@@ -260,7 +260,7 @@ def _settings(tmp_path, store, **env):
 @pytest.mark.parametrize("platform", ["KUBERNETES_SERVICE_HOST", "CONTAINER_APP_NAME", "FOUNDRY_HOSTING_ENVIRONMENT",
                                       "FOUNDRY_AGENT_SESSION_ID"])
 def test_a_missing_directory_store_on_a_platform_is_refused_and_never_made(platform, tmp_path):
-    from sidecar.config import check_store_volume
+    from sidecar.storeclient import check_store_volume
 
     store = tmp_path / "mnt" / "durabel"
     settings, roots = _settings(tmp_path, store, **{platform: "x"})
@@ -277,7 +277,7 @@ def test_a_missing_directory_store_on_a_platform_is_refused_and_never_made(platf
 
 
 def test_off_platform_or_azure_the_store_is_not_checked(tmp_path):
-    from sidecar.config import check_store_volume
+    from sidecar.storeclient import check_store_volume
 
     settings, roots = _settings(tmp_path, tmp_path / "missing")
     assert settings.platform is None and check_store_volume(settings, roots) == []
@@ -290,7 +290,7 @@ def test_a_store_on_the_roots_filesystem_on_a_platform_is_a_warning(tmp_path):
     """A mounted volume is another filesystem; the same one as the roots is likely the compute's disk."""
     import os
 
-    from sidecar.config import check_store_volume
+    from sidecar.storeclient import check_store_volume
 
     store = tmp_path / "store"
     store.mkdir()
@@ -311,7 +311,7 @@ def test_a_store_on_the_containers_own_filesystem_on_a_platform_is_a_warning(tmp
     with the roots elsewhere: the platform did not mount the volume. One warning, not an error."""
     import os
 
-    from sidecar.config import check_store_volume
+    from sidecar.storeclient import check_store_volume
 
     other = "/proc"  # another filesystem than the store's, for the roots
     if os.stat(other).st_dev == os.stat(tmp_path).st_dev:

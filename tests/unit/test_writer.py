@@ -15,7 +15,7 @@ import pytest
 
 from sidecar.fence import Fence, Fenced
 from sidecar.marker import OWNER_KEY, STORED_VERSION, read_marker
-from sidecar.store.base import NotFound, ObjectInfo, ObjectMeta
+from sidecar.store.base import NotFound, ObjectInfo, ObjectMeta, Stream
 from tests.memstore import FakeClock
 
 WINDOW, MARGIN = 2.0, 8.0
@@ -87,7 +87,7 @@ class FakeStore:
         async def chunks():
             yield data
 
-        return info, chunks()
+        return Stream(info, chunks())
 
     async def list(self, prefix=""):
         await self._request("list", prefix, self.list_latency)

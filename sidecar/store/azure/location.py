@@ -51,6 +51,11 @@ class BlobLocation:
         """A blob container is not on this machine's filesystem (see ``sidecar.store.registry``)."""
         return None
 
+    def check_volume(self, platform: str, roots: list[str], cwd: str,
+                     container_root: str = "/") -> list[tuple[str, dict[str, str]]]:
+        """Nothing to check: a container is no volume of this machine's (``sidecar.store.registry``)."""
+        return []
+
     def with_prefix(self, prefix: str) -> "BlobLocation":
         """This location with ``prefix`` (``SIDECAR_PREFIX``, the namespace) nested below its own;
         ValueError for a prefix that cannot be a blob-name prefix."""

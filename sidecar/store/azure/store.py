@@ -41,7 +41,7 @@ from sidecar import log
 from sidecar.paths import MAX_KEY_BYTES, UnsafeKey, validate_relpath
 from sidecar.store.azure.credentials import Credentials, pick_credentials
 from sidecar.store.azure.errors import Where, error_code, store_error
-from sidecar.store.azure.location import BlobLocation, known_account, parse_store_url
+from sidecar.store.azure.location import BlobLocation
 from sidecar.store.azure.retry import Retry
 from sidecar.store.base import (
     CHUNK_BYTES,
@@ -50,6 +50,7 @@ from sidecar.store.base import (
     ObjectMeta,
     Source,
     StoreError,
+    Stream,
     TransientStoreError,
     supersedes,
 )
@@ -121,6 +122,8 @@ class AzureBlobStore:
     #: directory, before the file's blob is deleted), and the listing comes in name order. The
     #: restore decides between the two shapes (:class:`sidecar.plan.ShapeConflicts`).
     flat_namespace = True
+    #: :meth:`now` is the service's clock (a response's ``Date``), never this machine's.
+    clock_is_local = False
 
     def __init__(
         self,
@@ -166,31 +169,15 @@ class AzureBlobStore:
         self._closed = False
 
     @classmethod
-    def from_url(
-        cls, url: str, prefix: str = "", env: Mapping[str, str] | None = None, **options: Any
-    ) -> "AzureBlobStore":
-        """A store for ``SIDECAR_STORE=url`` and ``SIDECAR_PREFIX=prefix`` (not yet opened).
-
-        ``env`` (default ``os.environ``) supplies the credentials; ``options`` tune the client
-        (``concurrency``: operations in flight, which sizes the connection pool; ``retry_total``,
-        ``retry_backoff``, ``connection_timeout``, ``read_timeout``, ``request_hook(method, path)``
-        called for every request sent, ``create=False`` for a read-only use such as ``status``: a
-        missing container lists as empty and is not created). The proxy, if any, comes from
-        ``env`` too (:func:`~sidecar.store.proxy.proxy_for`). Raises ValueError, without any
-        secret in the message, for a bad URL, credential or proxy.
-        """
-        env = os.environ if env is None else env
-        try:
-            location = parse_store_url(url, prefix, known_account=known_account(env))
-        except ValueError as e:
-            # The URL may carry a SAS token; never echo it.
-            raise ValueError(log.redact(str(e), [urlsplit(url).query] if "?" in url else [])) from None
-        return cls.at(location, env, **options)
-
-    @classmethod
     def at(cls, location: BlobLocation, env: Mapping[str, str] | None = None, **options: Any) -> "AzureBlobStore":
-        """A store at ``location`` (a parsed URL, its prefix included), with the credentials of
-        ``env`` (default ``os.environ``); ``options`` as for :meth:`from_url`."""
+        """A store at ``location`` (a URL the registry parsed, its prefix included; not yet
+        opened), with the credentials of ``env`` (default ``os.environ``). ``options`` tune the
+        client (``concurrency``: operations in flight, which sizes the connection pool;
+        ``retry_total``, ``retry_backoff``, ``connection_timeout``, ``read_timeout``,
+        ``request_hook(method, path)`` called for every request sent, ``create=False`` for a
+        read-only use such as ``status``: a missing container lists as empty and is not created).
+        The proxy, if any, comes from ``env`` too (:func:`~sidecar.store.proxy.proxy_for`).
+        Raises ValueError, without any secret in the message, for a bad credential or proxy."""
         env = os.environ if env is None else env
         options.setdefault("proxy_env", env)
         # Checked before a credential object exists that an error would leave open.
@@ -460,12 +447,12 @@ class AzureBlobStore:
             raise self._cut_short(key)
         return data, self._info(key, len(data), props.metadata, props.etag, props.last_modified)
 
-    async def get_stream(self, key: str, read_ahead: int = 0) -> tuple[ObjectInfo, AsyncIterator[bytes]]:
+    async def get_stream(self, key: str, read_ahead: int = 0) -> Stream:
         downloader = await self._download(key)
         props = downloader.properties
         info = self._info(key, props.size, props.metadata, props.etag, props.last_modified)
         if read_ahead > 0 and props.size > CHUNK_BYTES:
-            return info, self._ranges(key, downloader, read_ahead)
+            return Stream(info, self._ranges(key, downloader, read_ahead))
 
         async def chunks() -> AsyncIterator[bytes]:
             got = 0
@@ -478,7 +465,7 @@ class AzureBlobStore:
             if got != props.size:
                 raise self._cut_short(key)
 
-        return info, chunks()
+        return Stream(info, chunks())
 
     async def _ranges(self, key: str, downloader: Any, window: int) -> AsyncIterator[bytes]:
         """The blob's chunks, in order, with up to ``window`` ranged GETs of the next ones in
