@@ -364,6 +364,16 @@ class Retention:
     daily: float = 7 * 86400.0
 
 
+def retention_now(points_with_times: Mapping[PointName, float | None]) -> float | None:
+    """Retention's "now": the store time of the newest point (by seq: the one just written). A
+    time ahead of it on an older point (a store written while its clock ran ahead, or copied
+    from one) never stands for now, which would age every recent point out at once; such a
+    point's own age is not known, so it is kept. None when the newest point has no time."""
+    if not points_with_times:
+        return None
+    return points_with_times[max(points_with_times)]
+
+
 def retention_plan(points_with_times: Mapping[PointName, float | None] | Iterable[tuple[PointName, float | None]],
                    now: float, rules: Retention = Retention()) -> list[PointName]:
     """The points to delete, newest first, given each point's store time and the store's

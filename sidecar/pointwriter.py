@@ -46,6 +46,7 @@ from sidecar.points import (
     full_due,
     parse_point_key,
     point_source,
+    retention_now,
     retention_plan,
 )
 from sidecar.store.base import NotFound, ObjectInfo, ObjectMeta, StoreError
@@ -310,10 +311,9 @@ class PointWriter:
         try:
             listed = await self._list()
             times = {n: i.modified for n, i in listed.items()}
-            known_times = [t for t in times.values() if t is not None]
-            if not known_times:
+            now = retention_now(times)
+            if now is None:
                 return
-            now = max(known_times)
             c = self.chain
             if c is not None:
                 newest = max(listed) if listed else None

@@ -38,6 +38,7 @@ from sidecar.points import (
     point_key,
     point_source,
     read_point,
+    retention_now,
     retention_plan,
 )
 from sidecar.store.base import CHUNK_BYTES, ObjectMeta
@@ -325,6 +326,17 @@ def test_retention_never_deletes_what_a_kept_point_needs_nor_the_newest():
     assert retention_plan(old, now) == []  # the newest point (and its chain) is always kept
     assert retention_plan(old, now, Retention(keep_all=0, hourly=0, daily=0)) == []
     assert retention_plan({full(1): now - 2 * H, full(2): now - 1.5 * H}, now, Retention(hourly=0, daily=0)) == [full(1)]
+
+
+def test_a_point_dated_ahead_does_not_age_the_recent_ones_out():
+    """An older point whose store time is 10 days ahead (a store written while its clock ran
+    ahead, or copied from one): now is the newest point's time, so the points of the last
+    minutes stay, and the one dated ahead (its age unknown) too."""
+    now = 100 * D
+    times = {full(1): now + 10 * D, incr(2, 1): now - 50, full(3): now - 40, incr(4, 3): now - 20, incr(5, 3): now}
+    assert retention_now(times) == now
+    assert retention_plan(times, retention_now(times), Retention(keep_all=H)) == []
+    assert retention_now({}) is None and retention_now({full(1): None}) is None
 
 
 def test_retention_keeps_an_orphan_incremental_only_for_the_last_hour():
