@@ -317,7 +317,8 @@ def _unlink_quietly(dfd: int, name: str) -> None:
 def _clean_temps_below(fd: int, now_ns: int, top: bool = True) -> None:
     """Remove the temp files crashed writers left below the namespace directory ``fd`` (closed
     after): only those no live writer holds (:func:`_new_temp`) and at least :data:`TEMP_GRACE_NS`
-    old at ``now_ns`` (the store's clock: :func:`_clock_in`). A directory below that holds
+    away from ``now_ns`` (the store's clock: :func:`_clock_in`), older or dated ahead (a put gives
+    its temp the source's mtime; only a temp made this instant is spared for its age). A directory below that holds
     ``.sidecar`` or ``.sidecar-meta`` is never entered: it is a nested namespace, whose writers
     clean their own. No symlink is followed."""
     try:
@@ -345,7 +346,7 @@ def _remove_if_dead(dfd: int, name: str, now_ns: int) -> None:
         except BlockingIOError:
             return  # its writer is alive
         st = os.fstat(fd)
-        if stat.S_ISREG(st.st_mode) and now_ns - st.st_mtime_ns >= TEMP_GRACE_NS:
+        if stat.S_ISREG(st.st_mode) and abs(now_ns - st.st_mtime_ns) >= TEMP_GRACE_NS:  # ahead: not new either
             os.unlink(name, dir_fd=dfd)
     finally:
         os.close(fd)

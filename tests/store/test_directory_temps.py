@@ -47,13 +47,13 @@ def temps(where: Path) -> list[str]:
     return sorted(str(p.relative_to(where)) for p in where.rglob(TMP_PREFIX + "*"))
 
 
-def crashed(path: Path) -> Path:
-    """A temp file a writer left when it died an hour ago (no lock on it; the store is this
+def crashed(path: Path, seconds_ago: int = 3600) -> Path:
+    """A temp file a writer left when it died ``seconds_ago`` (no lock on it; the store is this
     machine's disk, so its clock is this machine's)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(b"crashed")
-    hour_ago = time.time_ns() - 3600 * 10**9
-    os.utime(path, ns=(hour_ago, hour_ago))
+    then = time.time_ns() - seconds_ago * 10**9
+    os.utime(path, ns=(then, then))
     return path
 
 
@@ -165,3 +165,16 @@ async def test_a_new_temp_no_writer_holds_is_kept_until_it_is_old(tmp_path):
     await store.put(".checkpoints/x.json", b"x", ObjectMeta.of(b"x", STAMP, 0o600, version=1))
     assert young.exists() and not old.exists()
     await store.aclose()
+
+
+async def test_a_dead_writers_temp_dated_ahead_is_removed(tmp_path):
+    """A put gives its temp the source file's mtime, which may be years ahead: a dead writer's
+    temp so dated is not new (it was kept for ever); one made this instant is spared."""
+    base = tmp_path / "store"
+    ahead = crashed(base / "a/.checkpoints" / f"{TMP_PREFIX}0123456789ab", seconds_ago=-10 * 365 * 86400)
+    just_made = crashed(base / "a/.checkpoints" / f"{TMP_PREFIX}ba9876543210", seconds_ago=0)
+    store = DirectoryStore(str(base), "a")
+    await store.open()
+    await store.put(".checkpoints/x.json", b"x", ObjectMeta.of(b"x", STAMP, 0o600, version=1))  # it cleans
+    await store.aclose()
+    assert not ahead.exists() and just_made.exists()
