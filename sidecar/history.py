@@ -88,9 +88,12 @@ async def command(settings: Settings, as_json: bool) -> int:
         return fail(f"cannot list the restore points in {store.description}: {e}")
     finally:
         await store.aclose()
-    for name in sorted(points, reverse=True):
-        r = row(name, points[name], *headers[name], in_chain=name in in_chain)
-        print(json.dumps(r) if as_json else line(r))
-    if not points and not as_json:
-        print(f"checkpoint-sidecar: no restore points in {store.description}")
+    try:
+        for name in sorted(points, reverse=True):
+            r = row(name, points[name], *headers[name], in_chain=name in in_chain)
+            print(json.dumps(r) if as_json else line(r), flush=True)
+        if not points and not as_json:
+            print(f"checkpoint-sidecar: no restore points in {store.description}", flush=True)
+    except OSError as e:  # a closed pipe (history | head -1), a full disk
+        return fail(f"cannot write the list: {e.strerror or type(e).__name__}")
     return EXIT_OK

@@ -117,3 +117,23 @@ def test_history_of_a_namespace_without_points(tmp_path):
     assert r.returncode == 0 and "no restore points" in r.stdout
     r = run_cli("history", "--json", "--store", str(store), cwd=work)
     assert r.returncode == 0 and r.stdout == ""
+
+
+def test_history_into_a_closed_pipe_is_one_line(tmp_path):
+    """``history | head -1`` once head has gone: one line and exit 1 (it was "unexpected
+    BrokenPipeError"), as ``sessions`` and ``verify`` say it."""
+    import subprocess
+
+    from support import sidecar_cmd
+
+    work, store = tmp_path / "work", tmp_path / "store"
+    mirror(work, store, {".checkpoints/ctx/a.json": b"a"})
+    r, w = os.pipe()
+    os.close(r)  # the reader is gone before the first line
+    try:
+        p = subprocess.run(sidecar_cmd("history", "--store", str(store)), cwd=work, env=sidecar_env(), stdout=w,
+                           stderr=subprocess.PIPE, text=True, timeout=60)
+    finally:
+        os.close(w)
+    assert p.returncode == 1, p.stderr
+    assert "cannot write the list: Broken pipe" in p.stderr and "unexpected" not in p.stderr, p.stderr
