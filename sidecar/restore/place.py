@@ -165,10 +165,10 @@ class Placer:
         """Write one entry of a bundle or a point (its reader checks the bytes against ``info.sha256``
         as they arrive): held and written at once up to INLINE_WRITE_MAX, else streamed. Its bytes
         (b"" when streamed); None when refused. Bytes that do not match raise ``corrupt``."""
-        data = b"".join([chunk async for chunk in body]) if info.size <= INLINE_WRITE_MAX else b""
+        inline = info.size <= INLINE_WRITE_MAX
+        data = b"".join([chunk async for chunk in body]) if inline else b""
         try:
-            if not await self.write(root, parts, info, data if info.size <= INLINE_WRITE_MAX else body,
-                                    None if info.size <= INLINE_WRITE_MAX else info.sha256):
+            if not await self.write(root, parts, info, data if inline else body, None if inline else info.sha256):
                 return None
         except ChecksumMismatch:
             raise corrupt(f"entry {info.key!r} does not match its sha256") from None
