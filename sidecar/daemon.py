@@ -37,9 +37,9 @@ from sidecar.localfs import (
 )
 from sidecar.paths import LINEAGE_FILE, IgnoreRules, Root, is_within
 from sidecar.plan import Protected, RootKeep, RootPresence, plan_reconcile_queue, plan_root_keep, plan_root_presence
+from sidecar.restore.latest import RestoreResult, check_foreign, lineage_of, record_lineage, restore
+from sidecar.restore.plan import holds
 from sidecar.restorefs import lineage_recorded, load_kept, read_lineage, restore_cut_short, save_kept
-from sidecar.restoreplan import holds
-from sidecar.restorer import RestoreResult, check_foreign, lineage_of, record_lineage, restore
 from sidecar.retry import STARTUP_RETRY_SECONDS, reported_wait, retry_transient
 from sidecar.store.base import Store, StoreError
 

@@ -105,7 +105,7 @@ async def prepare(daemon: Daemon, settings: Settings) -> int | None:
     which includes an unreachable store with ``SIDECAR_RESTORE_OPTIONAL``."""
     from sidecar.fence import IdentityConflict
     from sidecar.health import RestorePhase
-    from sidecar.restorer import ForeignDisk, RestoreError
+    from sidecar.restore.latest import ForeignDisk, RestoreError
     from sidecar.store.base import StoreError
 
     try:
@@ -365,9 +365,9 @@ async def restore_as_of(settings: Settings, roots: list[Root], store: Store, whe
 
     from sidecar.fence import IdentityConflict, take_for_restore
     from sidecar.paths import IgnoreRules
-    from sidecar.pointrestore import AsOfError, aside_line, rfc3339
-    from sidecar.pointrestore import restore_as_of as fill
-    from sidecar.restorer import ForeignDisk, check_foreign, lineage_of
+    from sidecar.restore.asof import AsOfError, aside_line, rfc3339
+    from sidecar.restore.asof import restore_as_of as fill
+    from sidecar.restore.latest import ForeignDisk, check_foreign, lineage_of
     from sidecar.retry import STARTUP_RETRY_SECONDS, retry_transient
     from sidecar.store.base import StoreError
 

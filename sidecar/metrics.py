@@ -4,7 +4,7 @@ One registry per process; labels never carry paths or secrets (bounded cardinali
 
 The registry is built on first use (PEP 562 module ``__getattr__``), not at import: importing
 ``prometheus_client`` is not free, and ``run`` starts its child before anything touches a metric.
-The restorer, which runs before the child starts, reports through :func:`restored` and
+The restore, which runs before the child starts, reports through :func:`restored` and
 :func:`restore_finished`, which hold their figures until the registry exists.
 """
 

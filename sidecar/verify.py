@@ -10,7 +10,7 @@ other, each through its own read-only store (:func:`sidecar.namespaces.namespace
    few at a time (``SIDECAR_CONCURRENCY``, at most :data:`PARALLEL`), each holding a chunk and
    one read ahead. One that does not match is read again once (a live sidecar may have replaced
    it meanwhile); one deleted since it was listed is not checked;
-2. its restore points: each header read (:func:`sidecar.pointrestore.open_point`, the one parser),
+2. its restore points: each header read (:func:`sidecar.restore.points.open_point`, the one parser),
    every chain's links checked, each entry compared with the listed object of the same version;
    with ``--read-data`` each point streamed once, every member hashed against its entry and the
    whole object against its recorded sha256;
@@ -43,8 +43,8 @@ from sidecar import log
 from sidecar.errors import EXIT_DAMAGED, EXIT_OK, fail, first_of
 from sidecar.log import rfc3339
 from sidecar.namespaces import full_name, groups, namespace_store, start_operator
-from sidecar.pointrestore import open_point
 from sidecar.points import EntryMismatch, PointError, PointName, parse_point_key
+from sidecar.restore.points import open_point
 from sidecar.retry import retry_transient
 from sidecar.store.base import NotFound, ObjectInfo, Store, StoreError, close_chunks
 from sidecar.storeclient import missing, open_store

@@ -1,7 +1,7 @@
 """Hostile and odd input: stored names escaping a root (Azurite), files over the size limit,
 unreadable files, names that are not UTF-8 or very long, a full disk during restore.
 
-Covered elsewhere and reused (see docs/RELIABILITY.md): hostile names through the restorer with an
+Covered elsewhere and reused (see docs/RELIABILITY.md): hostile names through the restore with an
 in-memory store (tests/integration/test_restore.py), symlinks never followed on upload
 (tests/integration/test_sync.py::test_symlinks_are_never_followed) nor written through on restore
 (tests/integration/test_restore.py::test_symlink_inside_root_is_never_written_through), a root

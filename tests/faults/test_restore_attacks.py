@@ -15,8 +15,8 @@ from sidecar.known import StoreState
 from sidecar.localfs import has_regular_files
 from sidecar.metrics import Totals
 from sidecar.paths import IgnoreRules, Root, UnsafeKey, split_key
+from sidecar.restore.latest import RestoreError, lineage_of, restore
 from sidecar.restorefs import write_lineage
-from sidecar.restorer import RestoreError, lineage_of, restore
 from sidecar.snapshot import (
     MAX_BUNDLE_ENTRIES,
     MAX_HEADER_BYTES,

@@ -13,7 +13,7 @@ from pathlib import Path
 import anyio
 
 from sidecar.paths import Root
-from sidecar.restorer import restore
+from sidecar.restore.latest import restore
 from sidecar.store.directory import DirectoryStore
 from support import REPO, disk_tree, seed_directory_store, wait_for
 
@@ -78,7 +78,7 @@ def test_a_point_whose_writer_is_killed_mid_put_is_never_used(tmp_path):
     async def go():
         s = DirectoryStore(str(store))
         await s.open()
-        from sidecar.pointrestore import list_points
+        from sidecar.restore.points import list_points
 
         assert await list_points(s) == {}
         root = Root(".checkpoints", str(tmp_path / "w" / ".checkpoints"))

@@ -1,4 +1,4 @@
-"""``restore`` against real files and the directory store, plus hostile names through the restorer."""
+"""``restore`` against real files and the directory store, plus hostile names through the restore."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import anyio
 import pytest
 
 from sidecar.paths import Root
-from sidecar.restorer import restore
+from sidecar.restore.latest import restore
 from sidecar.store.base import NotFound, ObjectInfo, ObjectMeta, Stream, TransientStoreError
 from support import checkpoints_root_with_a_link_out, disk_tree, run_cli, write_atomic
 
@@ -170,13 +170,13 @@ def test_a_large_restore_flushes_as_it_fills_and_ends_even_when_objects_vanish(t
     """Past FLUSH_EVERY_BYTES the restored filesystem is flushed in the background as files land
     (and once more at the end); the downloads ending, not a file count, ends that flushing, so an
     object deleted between the listing and its download cannot leave the restore waiting."""
-    import sidecar.restoreprogress as progress_mod
-    import sidecar.restorer as restorer_mod
+    import sidecar.restore.finish as finish_mod
+    import sidecar.restore.progress as progress_mod
 
     monkeypatch.setattr(progress_mod, "FLUSH_EVERY_BYTES", 64 * 1024)
     flushes: list[str] = []
-    real_syncfs = restorer_mod.syncfs
-    for mod in (progress_mod, restorer_mod):
+    real_syncfs = finish_mod.syncfs
+    for mod in (progress_mod, finish_mod):
         monkeypatch.setattr(mod, "syncfs", lambda path: (flushes.append(path), real_syncfs(path)))
     files = {f".checkpoints/c{i % 4}/{i}.json": os.urandom(32 * 1024) for i in range(40)}
 
@@ -344,7 +344,7 @@ def test_a_bundle_read_cut_short_is_read_again(tmp_path):
 
 
 def test_a_bundle_replaced_while_it_is_read_fails_the_restore(tmp_path):
-    from sidecar.restorer import RestoreError
+    from sidecar.restore.latest import RestoreError
     from sidecar.snapshot import Change, encode_bundle
 
     other = encode_bundle(".checkpoints", [Change(".checkpoints/small.json", b"newer", ObjectMeta.of(b"newer", 3, 0o600))])
@@ -368,7 +368,7 @@ def test_a_listing_lost_after_files_landed_fails_the_restore_and_keeps_the_marke
     """Once files are in place, a store that stops answering leaves a fragment: that is a failed
     restore (the host must not start on it, even with SIDECAR_RESTORE_OPTIONAL), not an
     unreachable store, and the root's marker stays so that the next start restores it again."""
-    from sidecar.restorer import RestoreError
+    from sidecar.restore.latest import RestoreError
 
     files = {f".checkpoints/c/{i}.json": b"x" for i in range(10)}
     root = Root(".checkpoints", str(tmp_path / "w" / ".checkpoints"))
@@ -396,7 +396,7 @@ def test_a_listing_lost_after_files_landed_fails_the_restore_and_keeps_the_marke
 def test_a_snapshot_commit_that_begins_during_the_restore_fails_it(tmp_path):
     """The bundle is read first; if the listing then shows one, another sidecar began a commit
     meanwhile and the files restored may mix two states: the restore fails (and is redone)."""
-    from sidecar.restorer import RestoreError
+    from sidecar.restore.latest import RestoreError
     from sidecar.snapshot import bundle_key
 
     class CommitDuringRestore(MemoryStore):
@@ -415,7 +415,7 @@ def test_a_snapshot_commit_that_begins_during_the_restore_fails_it(tmp_path):
 
 
 def test_an_unreadable_bundle_is_a_one_line_restore_error(tmp_path):
-    from sidecar.restorer import RestoreError
+    from sidecar.restore.latest import RestoreError
     from sidecar.snapshot import bundle_key
 
     store = MemoryStore({".checkpoints/a.json": b"a", bundle_key(".checkpoints"): b"\x00 not a bundle"})
@@ -509,10 +509,10 @@ def test_a_full_disk_says_how_many_files_landed_and_no_total(tmp_path, monkeypat
     and queued so far (restore points' files are counted as they land). It says what landed."""
     import errno
 
-    import sidecar.restorer as restorer_mod
-    from sidecar.restorer import RestoreError
+    import sidecar.restore.place as place_mod
+    from sidecar.restore.latest import RestoreError
 
-    real = restorer_mod.write_restored
+    real = place_mod.write_restored
     written: list[list[str]] = []
 
     def fill_up(root, parts, *args, **kwargs):
@@ -521,7 +521,7 @@ def test_a_full_disk_says_how_many_files_landed_and_no_total(tmp_path, monkeypat
         written.append(parts)
         return real(root, parts, *args, **kwargs)
 
-    monkeypatch.setattr(restorer_mod, "write_restored", fill_up)
+    monkeypatch.setattr(place_mod, "write_restored", fill_up)
     store = MemoryStore({f".checkpoints/{i}.json": b"x" * 10 for i in range(6)})
     root = Root(".checkpoints", str(tmp_path / "w" / ".checkpoints"))
     with pytest.raises(RestoreError) as e:

@@ -17,10 +17,10 @@ HEAVY = ("sidecar.watcher", "sidecar.uploader", "watchfiles", "prometheus_client
 
 SCRIPT = r"""
 import json, sys, threading, urllib.request
-from sidecar import restorer
+from sidecar.restore import latest
 
 seen = {}
-real = restorer._Restore.work
+real = latest._Restore.work
 
 async def work(self, receive):  # a /readyz while the restore runs, from another thread
     if not seen:
@@ -37,7 +37,7 @@ async def work(self, receive):  # a /readyz while the restore runs, from another
         await anyio.to_thread.run_sync(t.join)
     return await real(self, receive)
 
-restorer._Restore.work = work
+latest._Restore.work = work
 
 import anyio
 from sidecar.config import load

@@ -141,7 +141,7 @@ def test_a_mount_that_goes_away_leaves_the_store_alone(tmp_path):
 def test_the_same_disk_back_is_compared_as_usual(tmp_path):
     """A remount of the very volume carries this namespace's lineage record: it is the truth again,
     so what it lacks was deleted by the host (here: before the volume went)."""
-    from sidecar.restorer import record_lineage
+    from sidecar.restore.latest import record_lineage
 
     daemon, cps = mirrored_daemon(tmp_path)
     anyio.run(record_lineage, daemon.roots[0], daemon.lineage)

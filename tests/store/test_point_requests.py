@@ -10,7 +10,7 @@ import anyio
 import pytest
 
 from sidecar.paths import Root
-from sidecar.restorer import restore
+from sidecar.restore.latest import restore
 from sidecar.store.base import ObjectMeta
 from tests.azurite import AzuriteEndpoint
 from tests.pointkit import Counting, write_point

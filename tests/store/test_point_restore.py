@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from sidecar.paths import Root
-from sidecar.pointrestore import AsOfError, aside_line, restore_as_of
+from sidecar.restore.asof import AsOfError, aside_line, restore_as_of
+from sidecar.restore.latest import restore
 from sidecar.restorefs import Lineage, read_lineage
-from sidecar.restorer import restore
 from sidecar.store.base import ObjectMeta, Stream
 from tests.pointkit import Counting, after, objects, point_blob, put_blob, write_point
 

@@ -331,8 +331,8 @@ def test_a_store_reached_another_way_is_the_same_store(recorded, ours, same):
     """A lineage record names its store by description; the same Azure container through a proxy,
     a private endpoint or another emulator port is the same store (found when a sidecar restarted
     straight to Azurite, after one that went through a proxy, refused its own disk)."""
+    from sidecar.restore.plan import foreign, holds
     from sidecar.restorefs import Lineage
-    from sidecar.restoreplan import foreign, holds
 
     record, lineage = Lineage(recorded, "ns", 5), Lineage(ours, "ns", 5)
     assert foreign(record, lineage) is not same

@@ -1,12 +1,12 @@
-"""The restore's size check of a point (sidecar.pointrestore.least_size) against the writer's encoder."""
+"""The restore's size check of a point (sidecar.restore.points.least_size) against the writer's encoder."""
 
 from __future__ import annotations
 
 import hashlib
 import os
 
-from sidecar.pointrestore import least_size
 from sidecar.points import PointEntry, PointHeader, encode_point
+from sidecar.restore.points import least_size
 from sidecar.store.base import ObjectMeta
 
 KEYS = [".checkpoints/a.json", ".checkpoints/" + "d/" * 60 + "long.json", ".checkpoints/naïve/é.json",
@@ -36,22 +36,22 @@ def test_small_files_are_written_in_bounded_batches_with_each_outcome(tmp_path, 
     its outcome, a refused target reported, not raised."""
     import anyio
 
-    from sidecar import pointrestore
     from sidecar.paths import Root
-    from sidecar.pointrestore import BATCH_FILES, WRITE_BATCHES, BatchWriter, Small
+    from sidecar.restore import place
+    from sidecar.restore.place import BATCH_FILES, WRITE_BATCHES, BatchWriter, Small
     from sidecar.store.base import ObjectInfo
 
     root = Root("r", str(tmp_path / "r"))
     (tmp_path / "r" / "dir").mkdir(parents=True)  # "r/dir" is a directory on disk: refused as a target
     gate, entered = anyio.Event(), []
-    real = pointrestore.write_batch
+    real = place.write_batch
 
     def held(batch):
         entered.append(len(batch))
         anyio.from_thread.run(gate.wait)
         return real(batch)
 
-    monkeypatch.setattr(pointrestore, "write_batch", held)
+    monkeypatch.setattr(place, "write_batch", held)
     keys = [f"r/f{i}" for i in range(BATCH_FILES * WRITE_BATCHES)] + ["r/dir", "r/last"]
     outcomes: dict[str, object] = {}
 

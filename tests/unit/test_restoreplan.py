@@ -1,13 +1,13 @@
-"""The restore's pure decisions (sidecar.restoreplan): which roots, which files, what is recorded."""
+"""The restore's pure decisions (sidecar.restore.plan): which roots, which files, what is recorded."""
 
 from __future__ import annotations
 
 from sidecar.marker import marker_generation, next_stamp
-from sidecar.restorefs import Lineage
-from sidecar.restoreplan import (
+from sidecar.restore.plan import (
     Candidates,
     Disk,
     FileAction,
+    bundle_wins,
     commits_begun_meanwhile,
     decide_roots,
     file_action,
@@ -16,8 +16,8 @@ from sidecar.restoreplan import (
     plan_candidates,
     plan_finish,
     stored_counts,
-    superseded,
 )
+from sidecar.restorefs import Lineage
 
 EMPTY, HELD, FOREIGN, CUT = Disk(False, False, False), Disk(True, False, True), Disk(True, False, False), Disk(True, True, True)
 
@@ -57,10 +57,15 @@ def test_file_action_refuses_too_large_and_merges_by_content():
     assert file_action(10, 10, local_same=False) is FileAction.REPLACE
 
 
-def test_a_file_named_by_its_roots_bundle_is_superseded():
-    assert not superseded(None, "r/a")  # the bundle not read yet
-    assert not superseded({}, "r/a")
-    assert superseded({"r/a": object()}, "r/a") and not superseded({"r/a": object()}, "r/b")
+def test_a_file_named_by_its_roots_bundle_is_superseded_unless_a_later_writer_stored_it():
+    assert not bundle_wins(None, 5, "r/a", None)  # the bundle not read yet
+    assert not bundle_wins({}, 5, "r/a", None)
+    bundle = {"r/a": object()}
+    assert bundle_wins(bundle, 5, "r/a", None) and not bundle_wins(bundle, 5, "r/b", None)
+    listed = lambda version: ObjectInfo("r/a", 1, None, 0, 0o600, version=version)  # noqa: E731
+    assert bundle_wins(bundle, 5, "r/a", listed(4))  # the commit's own object, older than its bundle
+    assert bundle_wins(bundle, 0, "r/a", listed(0))  # neither versioned (an old release): the bundle
+    assert not bundle_wins(bundle, 5, "r/a", listed(6))  # a later writer's object
 
 
 def test_only_checkpoints_held_in_memory_are_searched_for_generated_names():
@@ -101,7 +106,7 @@ def test_the_markers_generation_is_its_stamps_high_bits_or_its_stored_versions()
 
 from dataclasses import dataclass  # noqa: E402
 
-from sidecar.restoreplan import as_of_refused, as_of_time, chain_tree, from_point, plan_point_sources  # noqa: E402
+from sidecar.restore.plan import as_of_refused, as_of_time, chain_tree, from_point, point_source  # noqa: E402
 from sidecar.store.base import ObjectInfo, ObjectMeta  # noqa: E402
 
 
@@ -146,7 +151,14 @@ def test_a_listed_object_comes_from_the_point_only_with_the_same_version_and_byt
 def test_point_sources_split_the_listing_and_never_resurrect_a_deleted_key():
     tree = chain_tree([[E("r/a"), E("r/b"), E("r/gone"), E("m/x")], [E("r/b", "bb", 2)]])
     listed = [info("r/a"), info("r/b", "bb", 2), info("r/new"), info("r/a2"), info("m/x")]
-    points, objects = plan_point_sources(listed, tree, merging=frozenset({"m"}))
+    points: dict[int, list[str]] = {}
+    objects: list[str] = []
+    for i in listed:
+        index = point_source(i, tree, merging=i.key.startswith("m/"), max_file_size=2**63)
+        if index is None:
+            objects.append(i.key)
+        else:
+            points.setdefault(index, []).append(i.key)
     assert points == {0: ["r/a"], 1: ["r/b"]}
     assert objects == ["r/new", "r/a2", "m/x"]  # "r/gone" is in neither: deleted after the point
 
@@ -161,7 +173,7 @@ def test_as_of_fills_empty_roots_only_unless_forced_and_measures_ages_on_the_sto
 
 
 def test_the_point_that_should_hold_a_version_is_the_first_written_after_it():
-    from sidecar.restoreplan import holding_point
+    from sidecar.restore.plan import holding_point
 
     seqs = [110, 120, 130]
     assert holding_point(105, seqs) == 110

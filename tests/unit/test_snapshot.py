@@ -282,7 +282,7 @@ def test_a_streamed_file_changed_after_the_bundle_leaves_a_restorable_state(tmp_
     from sidecar.known import StoreState
     from sidecar.metrics import Totals
     from sidecar.paths import IgnoreRules, Root
-    from sidecar.restorer import restore
+    from sidecar.restore.latest import restore
     from sidecar.store.directory import DirectoryStore
     from sidecar.writer import Writer
 

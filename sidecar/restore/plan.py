@@ -1,6 +1,8 @@
-"""The restore's decisions, apart from its I/O (``restorer.py`` applies them): which roots may be
-filled, what each stored file becomes, which roots are restored once the listing has ended, and
-what is recorded on disk afterwards. Pure; the rule per root is :func:`sidecar.plan.decide_restore`.
+"""The restore's decisions, apart from its I/O (the rest of :mod:`sidecar.restore` applies them,
+calling them through this module): which roots may be filled, what each stored file becomes and
+where its bytes come from (its object, its root's bundle, a restore point), which roots are
+restored once the listing has ended, and what is recorded on disk afterwards. Pure; the rule per
+root is :func:`sidecar.plan.decide_restore`.
 """
 
 from __future__ import annotations
@@ -176,10 +178,17 @@ def file_action(size: int, max_file_size: int, local_same: bool | None = None) -
     return FileAction.IN_PLACE if local_same else FileAction.REPLACE
 
 
-def superseded(bundle: Mapping[str, object] | None, key: str) -> bool:
-    """Whether the root's bundle (its changes by key; None while not read) names ``key``: its newer
-    version is placed from the bundle, or the bundle deletes it, so its own object is not restored."""
-    return bundle is not None and key in bundle
+def bundle_wins(bundle: Mapping[str, object] | None, bundle_version: int, key: str,
+                listed: ObjectInfo | None) -> bool:
+    """Whether the root's bundle (its changes by key, None while not read; ``bundle_version``: the
+    bundle object's version) decides ``key`` rather than its ``listed`` object (None: not listed):
+    it names the key, and its version is not below the listed object's (a later writer's object
+    wins; a commit's own puts come after its bundle, with its bytes). Equal versions are possible
+    only when neither carries one (both written by a release without versions, 0): the bundle wins
+    then, as the snapshot protocol of that release needs. Its own object is then not restored."""
+    if bundle is None or key not in bundle:
+        return False
+    return listed is None or listed.version <= bundle_version
 
 
 def names_generated(key: str, streamed: bool) -> bool:
@@ -280,27 +289,29 @@ def holding_point(version: int, seqs: Sequence[int]) -> int | None:
     return seqs[i] if i < len(seqs) else None
 
 
-def plan_point_sources(listed: Iterable[ObjectInfo], tree: Mapping[str, tuple[int, PointEntry]], *,
-                       merging: frozenset[str] = frozenset(),
-                       max_file_size: int = 2**63) -> tuple[dict[int, list[str]], list[str]]:
-    """For the listed objects (the latest state): the keys taken from each point of the chain (by
-    its index) and those fetched from their objects, in the listing's order (:func:`from_point`).
-    Keys the tree has but the listing has not are in neither: deleted after the point."""
-    points: dict[int, list[str]] = {}
-    objects: list[str] = []
-    for info in listed:
-        held = tree.get(info.key)
-        if held is not None and from_point(info, held[1], merging=info.key.split("/", 1)[0] in merging,
-                                           max_file_size=max_file_size):
-            points.setdefault(held[0], []).append(info.key)
-        else:
-            objects.append(info.key)
-    return points, objects
+def point_source(listed: ObjectInfo, tree: Mapping[str, tuple[int, PointEntry]], *, merging: bool,
+                 max_file_size: int) -> int | None:
+    """For a listed object of a root being filled (the latest state): the index in the chain of
+    the point it is taken from (:func:`from_point` with its key's entry in the chain's ``tree``),
+    or None: fetched from its own object. A key the tree has but the listing has not is never
+    asked for: deleted after the point, never restored."""
+    held = tree.get(listed.key)
+    if held is not None and from_point(listed, held[1], merging=merging, max_file_size=max_file_size):
+        return held[0]
+    return None
 
 
 def as_of_refused(has_files: Mapping[str, bool], force: bool) -> list[str]:
     """The roots an as-of restore may not fill: those holding regular files, unless forced."""
     return [] if force else [name for name, files in has_files.items() if files]
+
+
+def plan_as_of_finish(names: Sequence[str], started: set[str]) -> Finish:
+    """What ``restore --as-of`` records once every file is in place: the roots it changed are
+    flushed, recorded and unmarked; every other root is recorded (this namespace's disk from now
+    on) and loses a marker an earlier run cut short left."""
+    rest = [n for n in names if n not in started]
+    return Finish(filled=[n for n in names if n in started], cleared=rest, recorded=rest)
 
 
 def as_of_time(when: float | None, ago: float | None, store_now: float | None) -> float | None:
