@@ -10,9 +10,10 @@ import ctypes
 import hashlib
 import json
 import os
+import re
 import secrets
 import stat
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sidecar.localfs import MAX_MTIME_NS, UnsafeTarget, open_child_dir, open_dir_nofollow, open_root
 from sidecar.log import printable
@@ -332,15 +333,16 @@ class Aside:
     beside the root (``into``), each entry at its own relative path there."""
 
     root: Root
-    entries: list[str]  # files, symlinks and other non-directories (relative paths)
+    entries: list[str]  # files, symlinks, other non-directories and ``whole`` (relative paths)
     dirs: list[str]  # directories left empty by the moves (or empty already), deepest first
     into: str = ""
     moved: int = 0
+    whole: set[str] = field(default_factory=set)  # directories where the point has a file: renamed whole
 
     @property
     def paths(self) -> list[str]:
         """Every entry moved, a directory with a trailing ``/``."""
-        return [*self.entries, *(d + "/" for d in self.dirs)]
+        return [*(e + "/" if e in self.whole else e for e in self.entries), *(d + "/" for d in self.dirs)]
 
 
 class CannotSetAside(Exception):
@@ -381,6 +383,7 @@ def plan_aside(root: Root, keep: set[str], ignore: IgnoreRules) -> Aside:
         raise CannotSetAside(f"cannot read {printable(parent)}: {e.strerror}") from None
     below = {rel.rsplit("/", i)[0] for rel in keep for i in range(1, rel.count("/") + 1)}
     entries: list[str] = []
+    whole: set[str] = set()
     order: list[tuple[str, int]] = []  # directories, parents first, with their device
     left: dict[str, int] = {}  # directory -> entries staying in it
     stack: list[tuple[str, int]] = [("", top.st_dev)]
@@ -403,6 +406,9 @@ def plan_aside(root: Root, keep: set[str], ignore: IgnoreRules) -> Aside:
             if stat.S_ISDIR(st.st_mode):
                 if name in RESERVED_NAMES:
                     left[rel] += 1
+                elif sub in keep and st.st_dev == dev:
+                    entries.append(sub)  # where the point has a file: moved whole, ignored names and all
+                    whole.add(sub)
                 else:
                     stack.append((sub, st.st_dev))
             elif (stat.S_ISREG(st.st_mode) and sub in keep) or ignore.ignored(name):
@@ -421,7 +427,41 @@ def plan_aside(root: Root, keep: set[str], ignore: IgnoreRules) -> Aside:
             dirs.append(rel)
         else:
             left[rel.rpartition("/")[0]] += 1
-    return Aside(root, entries, dirs)
+    _check_movable(root, entries, dirs)
+    return Aside(root, entries, dirs, whole=whole)
+
+
+def _check_movable(root: Root, entries: list[str], dirs: list[str]) -> None:
+    """:class:`CannotSetAside` before anything moves when a rename would fail part way: an entry
+    that is (or a directory that holds) a mount point (a bind-mounted file shares its
+    filesystem's device, so only the mount table tells), or a directory it leaves that this
+    process may not write."""
+    real = os.path.realpath(root.path)
+    moved = [os.path.join(real, p) for p in [*entries, *dirs]]
+    for mount in _mount_points():
+        if any(mount == m or mount.startswith(m + "/") for m in moved):
+            raise CannotSetAside(f"cannot move {printable(mount)} beside the root: it is a mount point; empty the "
+                                 "root yourself, or restore into an empty one")
+    for parent in sorted({os.path.dirname(m) for m in moved}):
+        if not os.access(parent, os.W_OK | os.X_OK):
+            raise CannotSetAside(f"cannot move entries out of {printable(parent)}: it is not writable by this "
+                                 "process")
+
+
+def _mount_points() -> list[str]:
+    """This process's mount points (``/proc/self/mountinfo``, field 5, octal escapes undone);
+    none where it cannot be read."""
+    try:
+        with open("/proc/self/mountinfo", "rb") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        fields = line.split(b" ")
+        if len(fields) > 4:
+            out.append(os.fsdecode(re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m.group(1), 8)]), fields[4])))
+    return out
 
 
 def set_aside(aside: Aside, stamp: str) -> None:

@@ -7,6 +7,7 @@ through the one finish (:mod:`.finish`)."""
 from __future__ import annotations
 
 import datetime
+import json
 import math
 import os
 import re
@@ -121,6 +122,10 @@ async def restore_as_of(store: Store, roots: list[Root], when: float | None, ago
         await _place_chain(store, chosen, {r.name: r for r in roots}, started, placer, result)
     finally:
         placer.close()
+    if result.refused:  # the roots are not the point's tree: never recorded as this namespace's disk
+        raise AsOfError(f"{log.count(result.refused, 'file')} of the point could not be placed (restore_refused_* in "
+                        f"the log: a name unsafe here, or something in its way that is not the sidecar's to move)"
+                        f"{_again(started) or ' (nothing was recorded as this namespace’s disk)'}")
     # every file in place: flushed, recorded as this namespace's, marker removed
     await finish(plan.plan_as_of_finish([r.name for r in roots], set(started)), {r.name: r for r in roots}, lineage)
     return result
@@ -253,10 +258,16 @@ def aside_line(aside: Aside, shown: int = SHOWN_ASIDE) -> str:
     """What was moved out of a root, in one line: how many entries, where to, and the first
     ``shown`` of their paths (sorted, escaped; a directory with a trailing ``/``)."""
     paths = sorted(aside.paths)
-    names = ", ".join(log.printable(p) for p in paths[:shown])
+    names = ", ".join(_quoted(p) for p in paths[:shown])
     more = f" and {len(paths) - shown} more" if len(paths) > shown else ""
     return (f"moved {aside.moved} {'entry' if aside.moved == 1 else 'entries'} the point lacks out of "
             f"{log.printable(aside.root.path)} into {log.printable(aside.into)}: {names}{more}")
+
+
+def _quoted(path: str) -> str:
+    """A path in double quotes, told apart from every other (a backslash, a quote, a comma, a
+    control character escaped; :func:`~sidecar.log.printable` for the rest)."""
+    return '"' + log.printable(json.dumps(path, ensure_ascii=False)[1:-1]) + '"'
 
 
 def _again(started: dict[str, Root]) -> str:

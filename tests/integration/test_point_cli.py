@@ -94,7 +94,7 @@ def test_restore_as_of_and_history(tmp_path):
     assert disk_tree(fresh / ".checkpoints") == {"r1/a.json": b"garbage"}
     [into] = fresh.glob(".checkpoints.replaced-*")
     assert disk_tree(into) == {"r1/b.json": first[".checkpoints/r1/b.json"]}
-    assert f"moved 1 entry the point lacks out of {fresh / '.checkpoints'} into {into}: r1/b.json\n" in r.stdout
+    assert f"moved 1 entry the point lacks out of {fresh / '.checkpoints'} into {into}: \"r1/b.json\"\n" in r.stdout
 
     empty = tmp_path / "empty"
     empty.mkdir()

@@ -294,7 +294,7 @@ def exact_case(tmp_path: Path) -> tuple[Root, Path]:
     (outside / "theirs.json").write_bytes(b"not the sidecar's")
     for rel, data in {"d0/0.json": b"an older copy", "stale.json": b"stale", "old/deep/x.json": b"x",
                       "d1/extra.json": b"extra", "new\nline.json": b"a name to escape",
-                      "d2/5.json/inner.json": b"where the point has a file",
+                      "d2/5.json/inner.json": b"where the point has a file", "d2/5.json/x.tmp": b"ignored",
                       "writer.tmp": b"ignored: not the sidecar's", ".sidecar-lineage": b"{}"}.items():
         (r / rel).parent.mkdir(parents=True, exist_ok=True)
         (r / rel).write_bytes(data)
@@ -304,8 +304,11 @@ def exact_case(tmp_path: Path) -> tuple[Root, Path]:
     return root, outside
 
 
-MOVED = ["d0/3.json", "d1/extra.json", "d2/5.json/", "d2/5.json/inner.json", "empty/", "link", "new\nline.json", "old/",
+MOVED = ["d0/3.json", "d1/extra.json", "d2/5.json/", "empty/", "link", "new\nline.json", "old/",
          "old/deep/", "old/deep/x.json", "stale.json"]
+#: What the directories beside the root hold besides MOVED's files: a directory where the point has
+#: a file is moved whole, an ignored file in it included (it was left, and the point's file refused).
+INSIDE = ["d2/5.json/inner.json", "d2/5.json/x.tmp"]
 
 
 def moved_tree(into: list[Path]) -> dict[str, str]:
@@ -339,14 +342,15 @@ async def test_as_of_forced_makes_each_root_equal_the_point(make_store, tmp_path
     assert (Path(aside.into), aside.root, sorted(aside.paths), aside.moved) == (into, root, MOVED, len(MOVED))
     assert moved_tree([into]) == {
         "d0/": "", "d0/3.json": str(outside / "theirs.json"), "d1/": "", "d1/extra.json": "extra", "d2/": "",
-        "d2/5.json/": "", "d2/5.json/inner.json": "where the point has a file", "empty/": "", "link": str(outside),
+        "d2/5.json/": "", "d2/5.json/inner.json": "where the point has a file", "d2/5.json/x.tmp": "ignored",
+        "empty/": "", "link": str(outside),
         "new\nline.json": "a name to escape", "old/": "", "old/deep/": "", "old/deep/x.json": "x", "stale.json": "stale"}
     assert [p.name for p in outside.iterdir()] == ["theirs.json"]
     assert (outside / "theirs.json").read_bytes() == b"not the sidecar's"
     assert read_lineage(root) == lineage and not (r / ".sidecar-restoring").exists()
     assert done.files == len(expected)
-    assert aside_line(aside, 7) == (f"moved 11 entries the point lacks out of {r} into {into}: d0/3.json, d1/extra.json, "
-                                    "d2/5.json/, d2/5.json/inner.json, empty/, link, new\\nline.json and 4 more")
+    assert aside_line(aside, 7) == (f'moved 10 entries the point lacks out of {r} into {into}: "d0/3.json", '
+                                    '"d1/extra.json", "d2/5.json/", "empty/", "link", "new\\nline.json", "old/" and 3 more')
 
     # into a root the point already equals: nothing to move, no directory made
     done = await restore_as_of(store, [root], full.modified, None, force=True, lineage=lineage)
@@ -404,7 +408,7 @@ async def test_as_of_forced_moves_aside_or_changes_nothing_and_a_rerun_finishes(
     assert tree(r) == {**expected, f"{ROOT}/writer.tmp": b"ignored: not the sidecar's"}
     into = list(r.parent.glob(".checkpoints.replaced-*"))
     assert len(into) == 2 and {k for k in moved_tree(into) if not k.endswith("/")} == {
-        m for m in MOVED if not m.endswith("/")}
+        m for m in MOVED if not m.endswith("/")} | set(INSIDE)
     assert read_lineage(root) == lineage and not (r / ".sidecar-restoring").exists()
 
 
@@ -457,3 +461,54 @@ async def test_a_points_files_are_placed_while_the_store_is_still_listed(make_st
         held.release.set()
     _, result = done[0]
     assert tree(Path(root.path)) == latest and result.from_points == len(from_point) == 5
+
+
+async def test_as_of_with_a_file_it_could_not_place_fails_and_records_nothing(make_store, tmp_path):
+    """A directory stands where the point has a file, holding only an ignored name (so the root
+    counts as empty): the file is refused. The restore used to exit 0 and write the lineage
+    record, and the next sidecar took the disk for the truth and deleted the file from the store.
+    Now: AsOfError, the restore marker kept, no record; forced, the directory is moved whole."""
+    store = await make_store()
+    await seed(store, 6)
+    expected = await stored(store)
+    full = await write_point(store, 100)
+    root = root_in(tmp_path)
+    blocker = Path(root.path) / "d2" / "5.json"
+    blocker.mkdir(parents=True)
+    (blocker / "x.tmp").write_bytes(b"ignored")
+    lineage = Lineage(store.description, "", 0)
+    with pytest.raises(AsOfError) as failed:
+        await restore_as_of(store, [root], full.modified, None, force=False, lineage=lineage)
+    assert "1 file of the point could not be placed" in str(failed.value) and "--force-restore" in str(failed.value)
+    assert read_lineage(root) is None and (Path(root.path) / ".sidecar-restoring").exists()
+    await restore_as_of(store, [root], full.modified, None, force=True, lineage=lineage)
+    assert tree(Path(root.path)) == expected and read_lineage(root) == lineage
+
+
+@pytest.mark.parametrize("why", ["a bind-mounted file", "a directory it may not write"])
+async def test_as_of_forced_refuses_what_a_rename_would_fail_on_before_moving_anything(make_store, tmp_path,
+                                                                                      monkeypatch, why):
+    """A bind mount of a file shares its filesystem's device (only the mount table tells), and a
+    directory this process may not write stops the moves part way: both were found only by a
+    failing rename after other entries had moved. Now refused before anything changes."""
+    from sidecar import restorefs
+
+    store = await make_store()
+    await seed(store, 6)
+    full = await write_point(store, 100)
+    root = root_in(tmp_path)
+    r = Path(root.path)
+    for rel in ("a/stale.json", "b/mounted.json"):
+        (r / rel).parent.mkdir(parents=True, exist_ok=True)
+        (r / rel).write_bytes(b"not in the point")
+    if why == "a bind-mounted file":
+        monkeypatch.setattr(restorefs, "_mount_points", lambda: ["/proc", os.path.realpath(r / "b/mounted.json")])
+    else:
+        access = os.access
+        monkeypatch.setattr(restorefs.os, "access", lambda p, m: access(p, m) and not str(p).endswith("/b"))
+    before = tree(r)
+    with pytest.raises(AsOfError) as failed:
+        await restore_as_of(store, [root], full.modified, None, force=True, lineage=Lineage(store.description, "", 0))
+    assert "nothing was changed" in str(failed.value)
+    assert tree(r) == before and not list(r.parent.glob(".checkpoints.replaced-*"))
+    assert not (r / ".sidecar-restoring").exists()
