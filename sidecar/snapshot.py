@@ -43,7 +43,7 @@ from sidecar.known import StoreState
 from sidecar.localfs import FileSource, Unstable, Vanished, absent, hash_stable, read_stable, scan_root
 from sidecar.metrics import Totals
 from sidecar.paths import IgnoreRules, Root, split_key
-from sidecar.store.base import OWN_NAMESPACE, NotFound, ObjectInfo, ObjectMeta, Store, StoreError, close_chunks
+from sidecar.store.base import OWN_NAMESPACE, NotFound, ObjectInfo, ObjectMeta, Store, StoreError
 from sidecar.tarstream import Member, TarReader, TarSource, drain, load_header, member_header, pad, tar_chunks
 
 if TYPE_CHECKING:
@@ -310,7 +310,6 @@ async def open_bundle(store: Store, root_name: str) -> tuple[BundleReader, Async
 
 #: The restore's name for :func:`~sidecar.store.base.close_chunks` (a bundle's stream is closed
 #: once its files are placed).
-close_stream = close_chunks
 
 
 class Committer:

@@ -25,7 +25,7 @@ from sidecar.points import PointEntry, PointError, PointHeader, PointName, choos
 from sidecar.restore import plan
 from sidecar.restore.finish import finish
 from sidecar.restore.place import Placer
-from sidecar.restore.points import READ_AHEAD, close_stream, list_points, open_point, read_header, unusable
+from sidecar.restore.points import READ_AHEAD, list_points, open_point, read_header, unusable
 from sidecar.restorefs import (
     Aside,
     CannotSetAside,
@@ -38,7 +38,7 @@ from sidecar.restorefs import (
     restore_cut_short,
     set_aside,
 )
-from sidecar.store.base import NotFound, ObjectInfo, Store, StoreError
+from sidecar.store.base import NotFound, ObjectInfo, Store, StoreError, close_chunks
 
 __all__ = ["AsOfError", "AsOfResult", "aside_line", "restore_as_of", "rfc3339"]
 
@@ -83,12 +83,8 @@ class AsOfResult:
 
 
 async def store_now(store: Store) -> float | None:
-    """The store's current time: its own clock when it tells it (``Store.now``), else the newest
-    Last-Modified of the namespace's objects (one listing); None when it holds none."""
-    now = getattr(store, "now", None)
-    if now is not None:
-        return float(await now())
-    return max([i.modified async for i in store.list() if i.modified is not None], default=None)
+    """The store's current time, by its own clock (``Store.now``)."""
+    return float(await store.now())
 
 
 async def restore_as_of(store: Store, roots: list[Root], when: float | None, ago: float | None, *,
@@ -180,7 +176,7 @@ async def _place_chain(store: Store, chosen: tuple[PointName, ...], by_name: dic
             raise AsOfError(f"restore point {name.key} could not be read to its end: {_once(e)}"
                             f"{_again(started)}") from None
         finally:
-            await close_stream(opened.chunks)
+            await close_chunks(opened.chunks)
 
 
 async def _place(entry: PointEntry, body: AsyncIterator[bytes], by_name: dict[str, Root],

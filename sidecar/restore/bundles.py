@@ -11,8 +11,8 @@ from sidecar.paths import Root, UnsafeKey, split_key
 from sidecar.restore.plan import generated_name, stored_counts
 from sidecar.restore.state import RestoreError, Run
 from sidecar.retry import retry_transient
-from sidecar.snapshot import BundleError, Change, close_stream, open_bundle
-from sidecar.store.base import ObjectInfo
+from sidecar.snapshot import BundleError, Change, open_bundle
+from sidecar.store.base import ObjectInfo, close_chunks
 
 
 class Bundles(Run):
@@ -40,7 +40,7 @@ class Bundles(Run):
             elif seen != (None if root.name not in self.bundles_read else
                           (self.bundle_changes[root.name], self.bundle_versions[root.name])):
                 if opened is not None:
-                    await close_stream(opened[1])
+                    await close_chunks(opened[1])
                 raise RestoreError(f"the snapshot bundle of {root.path} in {self.store.description} changed while it "
                                    "was being restored (an older sidecar is still writing); restore again")
             return opened
@@ -48,7 +48,7 @@ class Bundles(Run):
         async def once() -> None:
             opened = await open_checked()
             if opened is not None and not self.listed.is_set():
-                await close_stream(opened[1])
+                await close_chunks(opened[1])
                 await self.listed.wait()
                 opened = await open_checked()
             if opened is None:
@@ -64,7 +64,7 @@ class Bundles(Run):
             except BundleError as e:
                 raise RestoreError(f"the snapshot bundle of {root.path} in {self.store.description} is unreadable: {e}") from None
             finally:
-                await close_stream(chunks)
+                await close_chunks(chunks)
 
         await retry_transient(once, "get", deadline)
 

@@ -18,7 +18,7 @@ from sidecar.restore.plan import FileAction, file_action, generated_name, names_
 from sidecar.restore.state import UNVERIFIED_SHOWN, Item, Parts, RestoreError
 from sidecar.restorefs import ChecksumMismatch, remove_stale_restore_temps
 from sidecar.retry import retry_transient
-from sidecar.store.base import NotFound, ObjectInfo
+from sidecar.store.base import NotFound, ObjectInfo, close_chunks
 
 
 class Objects(Bundles):
@@ -137,7 +137,7 @@ class Objects(Bundles):
             await self.overlay_known[root.name].wait()
             if self._superseded(root, info):
                 if streamed:
-                    await chunks.aclose()  # type: ignore[attr-defined]
+                    await close_chunks(chunks)
                 return None
             expected = got.sha256 or info.sha256
             if expected is None and attempt == 1:

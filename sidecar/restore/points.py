@@ -38,7 +38,7 @@ from sidecar.points import (
 from sidecar.restore import plan
 from sidecar.retry import retry_transient
 from sidecar.snapshot import BundleError
-from sidecar.store.base import NotFound, ObjectInfo, Store, StoreError
+from sidecar.store.base import NotFound, ObjectInfo, Store, StoreError, close_chunks
 from sidecar.tarstream import BLOCK, member_header, pad
 
 #: The latest state opens a chain's full point and at most this many of its newest increments
@@ -109,22 +109,15 @@ async def open_point(store: Store, name: PointName, read_ahead: int = 0,
             raise PointError(f"unreadable point: cut short ({info.size} bytes stored, its header needs {least})")
         return Opened(name, header, reader, chunks)
     except BaseException:
-        await close_stream(chunks)
+        await close_chunks(chunks)
         raise
 
 
 async def read_header(store: Store, name: PointName) -> PointHeader:
     """Only the header of a point (its first member); the rest of the object is not read."""
     opened = await open_point(store, name)
-    await close_stream(opened.chunks)
+    await close_chunks(opened.chunks)
     return opened.header
-
-
-async def close_stream(chunks: AsyncIterator[bytes]) -> None:
-    aclose = getattr(chunks, "aclose", None)
-    if aclose is not None:
-        with anyio.CancelScope(shield=True):
-            await aclose()
 
 
 def unusable(name: PointName, error: Exception) -> None:
@@ -251,7 +244,7 @@ class PointFeed:
             except (PointError, BundleError, StoreError) as e:  # (BundleError: a placed file's own check)
                 unusable(opened.name, e)
             finally:
-                await close_stream(opened.chunks)
+                await close_chunks(opened.chunks)
 
         async def later(seq: int, files: dict[str, tuple[Root, ObjectInfo]], limit: anyio.Semaphore) -> None:
             async with limit:
@@ -270,7 +263,7 @@ class PointFeed:
                 except (PointError, BundleError, StoreError) as e:
                     unusable(name, e)
                 finally:
-                    await close_stream(opened.chunks)
+                    await close_chunks(opened.chunks)
 
         async with anyio.create_task_group() as tg:
             for i, opened in enumerate(self.opened):
@@ -287,6 +280,6 @@ class PointFeed:
 
     async def close(self) -> None:
         for opened in self.opened:
-            await close_stream(opened.chunks)
+            await close_chunks(opened.chunks)
         self.opened = []
 

@@ -141,4 +141,4 @@ class Run:
     def _new_listing(self) -> Listing:
         """A store whose names are not paths can hold a file and a directory of one name at once:
         its listing goes through the restore's rule for them (:class:`ShapeConflicts`)."""
-        return Listing(shapes=ShapeConflicts(in_order=getattr(self.store, "flat_namespace", False)))
+        return Listing(shapes=ShapeConflicts(in_order=self.store.flat_namespace))

@@ -40,6 +40,8 @@ class VersionedStore:
     """An in-memory store whose objects carry versions (``key -> (bytes, version)``)."""
 
     description = "memory://attacks"
+    flat_namespace = False  # the store protocol's traits
+    clock_is_local = False
 
     def __init__(self, objects: dict[str, tuple[bytes, int]]):
         self.objects = objects

@@ -97,6 +97,8 @@ class MemoryStore:
     Azurite, where such blob names are legal."""
 
     description = "memory://test"
+    flat_namespace = False  # the store protocol's traits
+    clock_is_local = False
 
     def __init__(self, objects: dict[str, bytes]):
         self.objects = objects
