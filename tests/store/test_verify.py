@@ -18,15 +18,15 @@ from typing import Any
 import pytest
 from pointkit import write_point
 
-from sidecar import verify
 from sidecar.config import load
 from sidecar.errors import EXIT_FAIL, EXIT_OK
 from sidecar.marker import OWNER_KEY
-from sidecar.namespaces import full_name
+from sidecar.ops import verify
+from sidecar.ops.namespaces import full_name
+from sidecar.ops.verifyplan import NO_SHA256, OBJECT, POINT, Report
 from sidecar.points import point_key
 from sidecar.store import registry
 from sidecar.store.base import ObjectMeta
-from sidecar.verifyplan import NO_SHA256, OBJECT, POINT, Report
 from tests.memstore import MemorySpace
 
 pytestmark = pytest.mark.anyio
