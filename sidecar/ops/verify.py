@@ -59,7 +59,7 @@ from sidecar.ops.verifyplan import (
     unsafe_entry,
     version_lowered,
 )
-from sidecar.points import EntryMismatch, PointError, PointName, parse_point_key
+from sidecar.points.format import EntryMismatch, PointError, PointName, parse_point_key
 from sidecar.restore.points import open_point
 from sidecar.retry import retry_transient
 from sidecar.store.base import NotFound, ObjectInfo, Store, StoreError, close_chunks

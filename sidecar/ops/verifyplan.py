@@ -18,7 +18,8 @@ from typing import Callable, Iterable, Mapping
 
 from sidecar.ops.sessionplan import RECORDS_DIR
 from sidecar.paths import Root, UnsafeKey, split_key
-from sidecar.points import PointEntry, PointName, chains, link_error
+from sidecar.points.format import PointEntry, PointName
+from sidecar.points.plan import chains, link_error
 from sidecar.store.base import ObjectInfo, sane_version
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")

@@ -24,7 +24,7 @@ from sidecar.marker import OWNER_KEY
 from sidecar.ops import verify
 from sidecar.ops.namespaces import full_name
 from sidecar.ops.verifyplan import NO_SHA256, OBJECT, POINT, Report
-from sidecar.points import point_key
+from sidecar.points.format import point_key
 from sidecar.store import registry
 from sidecar.store.base import ObjectMeta
 from tests.memstore import MemorySpace
@@ -319,7 +319,7 @@ async def test_a_version_lowered_in_an_objects_metadata_is_found_without_reading
 async def test_a_point_entry_that_is_no_safe_path_is_damage(place, make_store):
     """Issue #34, item 6: a point whose entries climb out of their root (``../``) passed verify,
     though a restore refuses them."""
-    from sidecar.points import FULL, PointEntry, PointHeader, encode_point
+    from sidecar.points.format import FULL, PointEntry, PointHeader, encode_point
 
     s1 = await make_store(f"{PREFIX}/s1")
     seq = V1 + 40

@@ -13,7 +13,7 @@ from sidecar.ops.verifyplan import (
     recovering_point,
     sound_points,
 )
-from sidecar.points import FULL, INCR, PointEntry, PointName
+from sidecar.points.format import FULL, INCR, PointEntry, PointName
 from sidecar.store.base import ObjectInfo, ObjectMeta
 
 SHA = "ab" * 32
