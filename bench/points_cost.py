@@ -58,8 +58,8 @@ async def measure(url: str, root_dir: Path, proxy: Proxy, *, namespace_mib: int,
     from sidecar.fence import Fence
     from sidecar.known import StoreState
     from sidecar.paths import Root
-    from sidecar.points import Retention
-    from sidecar.pointwriter import PointWriter
+    from sidecar.points.plan import Retention
+    from sidecar.points.writer import PointWriter
     from sidecar.store import make_store
     from sidecar.store.base import ObjectMeta
     from sidecar.writer import Writer

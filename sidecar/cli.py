@@ -2,7 +2,7 @@
 
 Parses the flags, reads one validated :class:`~sidecar.config.Settings` (environment + flags) and
 hands it to the command: :mod:`sidecar.lifecycle` runs ``restore``, ``sync`` and ``run`` (what
-starts and ends them), :mod:`sidecar.status` and :mod:`sidecar.http` answer ``status`` and
+starts and ends them), :mod:`sidecar.ops.status` and :mod:`sidecar.http` answer ``status`` and
 ``probe``. Errors are one line on stderr and a non-zero exit code, never a traceback:
 
     0  success (status: in sync)        2  bad configuration or usage
@@ -322,25 +322,25 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "run":
             return _arun(lifecycle.run, settings, roots, cmd)
         if args.command == "status":
-            from sidecar import status  # not on the start path of the other commands
+            from sidecar.ops import status  # not on the start path of the other commands
 
             return _arun(status.command, settings, roots, args.json)
         if args.command == "release":
             return _arun(lifecycle.release, settings, roots, args.force)
         if args.command == "sessions":
-            from sidecar import sessions
+            from sidecar.ops import sessions
 
             return _arun(sessions.command, settings, args.json, settings.live_within)
         if args.command == "prune":
-            from sidecar import prune
+            from sidecar.ops import prune
 
             return _arun(prune.command, settings, args.dry_run, args.force)
         if args.command == "history":
-            from sidecar import history
+            from sidecar.ops import history
 
             return _arun(history.command, settings, args.json)
         if args.command == "verify":
-            from sidecar import verify
+            from sidecar.ops import verify
 
             return _arun(verify.command, settings, args.read_data, args.json)
         if args.command == "probe":

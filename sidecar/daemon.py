@@ -44,7 +44,7 @@ from sidecar.retry import STARTUP_RETRY_SECONDS, reported_wait, retry_transient
 from sidecar.store.base import Store, StoreError
 
 if TYPE_CHECKING:
-    from sidecar.pointwriter import PointWriter
+    from sidecar.points.writer import PointWriter
     from sidecar.uploader import Uploader
     from sidecar.writer import Writer
 
@@ -161,8 +161,8 @@ class Daemon:
     def points(self) -> PointWriter:
         """The restore point writer (see pointwriter.py): made after the restore, like the
         uploader, whose idleness says when changes have settled."""
-        from sidecar.points import Retention
-        from sidecar.pointwriter import PointWriter
+        from sidecar.points.plan import Retention
+        from sidecar.points.writer import PointWriter
 
         s = self.settings
         return PointWriter(self.writer, self.roots, self.known, interval=s.restore_point_interval,

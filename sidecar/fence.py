@@ -30,7 +30,7 @@ stamp claims ``stamp + 1``. The marker's fields, read and compare-and-swap are
   successors. A marker without an identity is taken over by anyone; one that cannot be read
   (garbled, too large) by no one (``release`` rewrites it).
 
-* **pruning** (``checkpoint-sidecar prune``, :mod:`sidecar.prune`) takes an ended namespace through
+* **pruning** (``checkpoint-sidecar prune``, :mod:`sidecar.ops.prune`) takes an ended namespace through
   this marker like an owner: a marker at a higher stamp with ``"prune": {"phase": "pending"}``,
   then, after a grace, ``"deleting"``; it deletes only while the marker is still its own and
   removes the marker last. Before its restore a starting sidecar (:func:`take_for_restore`) takes

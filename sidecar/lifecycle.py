@@ -410,7 +410,7 @@ async def _held_live(store: Store, live_within: float, store_url: str, namespace
     release would hand a half-deleted namespace to the next sidecar)."""
     from sidecar.fence import PRUNE_DELETING, marker_identity, prune_phase, read_marker_info
     from sidecar.namespace import command_for, describe_identity
-    from sidecar.sessionplan import LIVE, PRUNING, owner
+    from sidecar.ops.sessionplan import LIVE, PRUNING, owner
 
     marker, info = await read_marker_info(store)
     if info is None:

@@ -13,7 +13,7 @@ from sidecar.localfs import unmirrorable_reason
 from sidecar.marker import counted_version
 from sidecar.paths import Root, UnsafeKey, split_key
 from sidecar.plan import ShapeConflicts
-from sidecar.points import POINT_DIR
+from sidecar.points.format import POINT_DIR
 from sidecar.snapshot import BUNDLE_DIR
 from sidecar.store.base import ObjectInfo, Store
 

@@ -447,7 +447,7 @@ class StoredCopy:
     """The file ``root/parts...`` read as the bytes of a stored object (size ``size``, hash
     ``sha256``): its chunks, reached without following any symlink below the root, and
     :class:`Unstable` after the last (:class:`Vanished` at the start) when the disk no longer
-    holds those very bytes. For a restore point's members (:mod:`sidecar.pointwriter`)."""
+    holds those very bytes. For a restore point's members (:mod:`sidecar.points.writer`)."""
 
     root: Root
     parts: list[str]

@@ -1,7 +1,7 @@
 """The owner marker, ``.sidecar/owner``: its fields (:class:`Marker`), its bounded read, the
 stamp arithmetic, and the one compare-and-swap that writes it (:func:`swap`). No other module
 writes or deletes the marker: the fence (:class:`sidecar.fence.Fence`), the start-up's take-over
-and ``release``'s hand-over (:mod:`sidecar.takeover`) and ``prune`` (:mod:`sidecar.pruner`) all
+and ``release``'s hand-over (:mod:`sidecar.takeover`) and ``prune`` (:mod:`sidecar.ops.pruner`) all
 write through :func:`swap` and :func:`remove`. The rules the marker serves: :mod:`sidecar.fence`.
 
 On the wire a marker is ``{"generation": stamp, "owner": id, "heartbeat": unix time or 0 once
@@ -34,7 +34,7 @@ from sidecar.store.base import (
 
 OWNER_KEY = f"{OWN_NAMESPACE}/owner"
 
-#: A prune marker's field: ``{"phase": PRUNE_PENDING or PRUNE_DELETING}`` (see :mod:`sidecar.prune`).
+#: A prune marker's field: ``{"phase": PRUNE_PENDING or PRUNE_DELETING}`` (see :mod:`sidecar.ops.prune`).
 PRUNE_FIELD = "prune"
 PRUNE_PENDING, PRUNE_DELETING = "pending", "deleting"
 #: A prune marker's ``owner`` begins with this; a starting sidecar's take-over marker with RESUMING.

@@ -8,7 +8,7 @@ from typing import Any, Iterable
 
 import anyio
 
-from sidecar.points import FULL, INCR, PointEntry, PointHeader, encode_point, parse_point_key, point_key, read_point
+from sidecar.points.format import FULL, INCR, PointEntry, PointHeader, encode_point, parse_point_key, point_key, read_point
 from sidecar.store.base import NotFound, ObjectInfo, ObjectMeta
 from tests.memstore import FakeClock
 

@@ -21,7 +21,8 @@ from sidecar import log
 from sidecar.localfs import has_regular_files
 from sidecar.log import rfc3339
 from sidecar.paths import IgnoreRules, Root, UnsafeKey, is_within, split_key
-from sidecar.points import PointEntry, PointError, PointHeader, PointName, choose_as_of, link_error
+from sidecar.points.format import PointEntry, PointError, PointHeader, PointName
+from sidecar.points.plan import choose_as_of, link_error
 from sidecar.restore import plan
 from sidecar.restore.finish import finish
 from sidecar.restore.place import Placer

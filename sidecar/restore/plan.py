@@ -243,7 +243,7 @@ def plan_finish(decisions: Sequence[RootDecision], disk: Mapping[str, Disk], can
 
 
 class PointEntry(Protocol):
-    """What the restore reads of one entry of a restore point's header (``sidecar.points.PointEntry``):
+    """What the restore reads of one entry of a restore point's header (``sidecar.points.format.PointEntry``):
     its key, and the file's metadata (None: deleted since the point before)."""
 
     @property

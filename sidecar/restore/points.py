@@ -23,7 +23,7 @@ import anyio
 
 from sidecar import log
 from sidecar.paths import Root
-from sidecar.points import (
+from sidecar.points.format import (
     POINT_DIR,
     POINT_MANIFEST,
     PointEntry,
@@ -31,10 +31,10 @@ from sidecar.points import (
     PointHeader,
     PointName,
     PointReader,
-    choose_for_latest,
     encode_header,
     parse_point_key,
 )
+from sidecar.points.plan import choose_for_latest
 from sidecar.restore import plan
 from sidecar.retry import retry_transient
 from sidecar.snapshot import BundleError
@@ -85,7 +85,7 @@ def _member_bytes(key: str, size: int, mode: int, mtime_ns: int) -> int:
 
 
 def least_size(header: PointHeader) -> int:
-    """The fewest bytes a whole point of ``header`` takes (as :func:`~sidecar.points.point_chunks`
+    """The fewest bytes a whole point of ``header`` takes (as :func:`~sidecar.points.format.point_chunks`
     writes it, with at least one end-of-archive block): a smaller object was cut short, and is
     never used, found before any of its bytes is."""
     n = len(encode_header(header))

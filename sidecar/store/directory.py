@@ -446,7 +446,7 @@ class DirectoryStore(Layout):
                 return await self._run(self._read_clock)
             except StoreError as e:  # a read-only or missing store: no temp file can be made there
                 why = f"the store's clock cannot be read (no file can be made there: {e})"
-        self.clock_is_local = True  # prune refuses to judge ages by it (sidecar.prune)
+        self.clock_is_local = True  # prune refuses to judge ages by it (sidecar.ops.prune)
         if _CLOCK_TOLD.first(self.top):  # one warning line per store
             log.warning("store_clock_local", store=self.top, detail=f"{why}: this machine's clock is used instead")
         return time.time()

@@ -13,7 +13,7 @@ import shutil
 import pytest
 
 from sidecar.cli import build_parser
-from sidecar.verify import EXIT_DAMAGED
+from sidecar.ops.verify import EXIT_DAMAGED
 
 from .conftest import K8S_DIR
 from .test_guides import K8S_README, bash, guide_commands

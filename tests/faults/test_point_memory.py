@@ -15,7 +15,7 @@ from typing import Callable, Iterator
 import anyio
 import pytest
 
-from sidecar.points import PointEntry, PointHeader, point_key, point_source
+from sidecar.points.format import PointEntry, PointHeader, point_key, point_source
 from sidecar.store.base import ObjectMeta
 from sidecar.store.directory import DirectoryStore
 from support import json_lines, sidecar_env

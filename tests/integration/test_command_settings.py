@@ -6,9 +6,10 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from sidecar import lifecycle, status
+from sidecar import lifecycle
 from sidecar.cli import COMMAND_SETTINGS, build_parser
 from sidecar.config import SETTING_NAMES, Settings, load
+from sidecar.ops import status
 
 #: Properties of Settings and the settings they are made of.
 DERIVED = {"namespace": {"prefix", "session_namespace"}, "http_host_port": {"http_addr"}}

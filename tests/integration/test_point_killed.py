@@ -21,7 +21,7 @@ from support import REPO, disk_tree, seed_directory_store, wait_for
 #: read, the put's: the first only measures it), through the real store; prints "putting" first.
 WRITER = textwrap.dedent("""
     import hashlib, sys, time, anyio
-    from sidecar.points import PointEntry, PointHeader, point_key, point_source
+    from sidecar.points.format import PointEntry, PointHeader, point_key, point_source
     from sidecar.store.base import ObjectMeta
     from sidecar.store.directory import DirectoryStore
 

@@ -18,8 +18,9 @@ import pytest
 from sidecar.fence import Fence, Fenced
 from sidecar.known import StoreState
 from sidecar.paths import Root
-from sidecar.points import FULL, INCR, POINT_DIR, PointHeader, PointName, Retention, parse_point_key, read_point
-from sidecar.pointwriter import PointWriter
+from sidecar.points.format import FULL, INCR, POINT_DIR, PointHeader, PointName, parse_point_key, read_point
+from sidecar.points.plan import Retention
+from sidecar.points.writer import PointWriter
 from sidecar.store.base import NotFound, ObjectInfo, ObjectMeta
 from sidecar.writer import Writer
 from support import wait_for, write_atomic
@@ -288,9 +289,9 @@ def test_a_file_whose_disk_bytes_differ_from_the_stored_ones_is_not_settled(targ
 
 
 def test_a_tree_larger_than_a_header_may_be_gets_no_point(target, tmp_path, monkeypatch, caplog):
-    import sidecar.points
+    import sidecar.points.format
 
-    monkeypatch.setattr(sidecar.points, "MAX_POINT_ENTRIES", 3)
+    monkeypatch.setattr(sidecar.points.format, "MAX_POINT_ENTRIES", 3)
 
     async def go():
         async with Rig(target, tmp_path) as rig:

@@ -23,8 +23,8 @@ import pytest
 
 from sidecar.fence import Fence, Fenced
 from sidecar.marker import OWNER_KEY, read_marker
-from sidecar.namespaces import StoreClock, walk
-from sidecar.pruner import SKIPPED, Pruner
+from sidecar.ops.namespaces import StoreClock, walk
+from sidecar.ops.pruner import SKIPPED, Pruner
 from sidecar.store.base import ObjectMeta
 from sidecar.store.directory import DirectoryStore
 from sidecar.takeover import Taken, take_for_restore
@@ -527,7 +527,7 @@ class _FailingDeletes(_Fresh):
     """Deletes of the namespace's objects fail (after prune's probe passed): a store gone bad mid-prune."""
 
     async def delete(self, key: str) -> None:
-        from sidecar.pruner import DELETE_PROBE
+        from sidecar.ops.pruner import DELETE_PROBE
         from sidecar.store.base import StoreError
 
         if key != DELETE_PROBE:
@@ -536,7 +536,7 @@ class _FailingDeletes(_Fresh):
 
 
 async def test_deletes_failing_mid_prune_fail_that_namespace_with_one_reason(make_store):
-    from sidecar.pruner import FAILED
+    from sidecar.ops.pruner import FAILED
 
     store = await make_store("s1")
     await seed(store, "s1", points=2)
@@ -548,11 +548,11 @@ async def test_deletes_failing_mid_prune_fail_that_namespace_with_one_reason(mak
 
 
 def _prune_store_for(store_place, monkeypatch):
-    """prune's own factory of a namespace's store (:func:`sidecar.prune._store_for`), on this place."""
+    """prune's own factory of a namespace's store (:func:`sidecar.ops.prune._store_for`), on this place."""
     from functools import partial
     from types import SimpleNamespace
 
-    from sidecar import prune
+    from sidecar.ops import prune
 
     url, creds = store_place
     for k, v in creds.items():
@@ -588,7 +588,7 @@ async def test_a_namespace_pruned_since_it_was_listed_is_skipped_untouched(make_
     """Two prunes at once on one store: the second reaches a namespace it listed after the first
     pruned it. It must not mark the namespace again (a marker written into a namespace that is
     gone, counted as pruned twice)."""
-    from sidecar.pruner import PRUNED
+    from sidecar.ops.pruner import PRUNED
 
     for name in ("s1", "s2"):
         store = await make_store(name)
@@ -608,7 +608,7 @@ async def test_a_namespace_pruned_since_it_was_listed_is_skipped_untouched(make_
 async def test_a_store_deleted_mid_prune_is_never_made_again(make_store, store_place, monkeypatch):
     """The container (or the store's directory) deleted while prune runs: the namespaces left
     fail or are skipped, none is reported pruned, and prune creates no store."""
-    from sidecar.pruner import PRUNED
+    from sidecar.ops.pruner import PRUNED
 
     for name in ("s1", "s2"):
         store = await make_store(name)
@@ -651,8 +651,8 @@ class _ListingBreaks:
 async def test_a_listing_failing_mid_prune_is_one_store_error(make_store):
     """prune's walk failing part way is the store's failure (one line, exit 1), never an
     exception group that the CLI reports as a bug."""
-    from sidecar import prune
-    from sidecar.namespaces import StoreClock
+    from sidecar.ops import prune
+    from sidecar.ops.namespaces import StoreClock
     from sidecar.store.base import StoreError
 
     store = await make_store("s1")
@@ -836,7 +836,7 @@ async def test_an_undeletable_object_fails_its_namespace_alone_and_the_next_prun
     ``unexpected ExceptionGroup``. It is left ``deleting`` (a prune's marker): the next prune
     finishes it at once, without waiting --live-within (1h), while a live namespace beside it
     keeps every object."""
-    from sidecar import prune
+    from sidecar.ops import prune
 
     for name in ("s1", "s2", "s3"):
         store = await make_store(name)
@@ -880,7 +880,7 @@ async def test_a_deleting_marker_that_proves_no_prune_waits_out_live_within(make
     """Only a marker a prune wrote (owner ``prune:<id>``, stored at the stamp it records) is
     finished at once; a ``deleting`` phase under another owner, or copied at another version,
     still waits --live-within."""
-    from sidecar.pruner import PRUNED
+    from sidecar.ops.pruner import PRUNED
 
     for name, owner, version in (("copied", "prune:x", 3 << 32), ("foreign", "someone", 7 << 32),
                                  ("proven", "prune:y", 7 << 32)):

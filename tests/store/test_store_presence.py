@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from sidecar import history, lifecycle, sessions, status
+from sidecar import lifecycle
 from sidecar.config import load
+from sidecar.ops import history, sessions, status
 from sidecar.store import registry
 from sidecar.store.base import ObjectMeta
 from tests.pointkit import write_point

@@ -18,15 +18,15 @@ from typing import Any
 import pytest
 from pointkit import write_point
 
-from sidecar import verify
 from sidecar.config import load
 from sidecar.errors import EXIT_FAIL, EXIT_OK
 from sidecar.marker import OWNER_KEY
-from sidecar.namespaces import full_name
-from sidecar.points import point_key
+from sidecar.ops import verify
+from sidecar.ops.namespaces import full_name
+from sidecar.ops.verifyplan import NO_SHA256, OBJECT, POINT, Report
+from sidecar.points.format import point_key
 from sidecar.store import registry
 from sidecar.store.base import ObjectMeta
-from sidecar.verifyplan import NO_SHA256, OBJECT, POINT, Report
 from tests.memstore import MemorySpace
 
 pytestmark = pytest.mark.anyio
@@ -319,7 +319,7 @@ async def test_a_version_lowered_in_an_objects_metadata_is_found_without_reading
 async def test_a_point_entry_that_is_no_safe_path_is_damage(place, make_store):
     """Issue #34, item 6: a point whose entries climb out of their root (``../``) passed verify,
     though a restore refuses them."""
-    from sidecar.points import FULL, PointEntry, PointHeader, encode_point
+    from sidecar.points.format import FULL, PointEntry, PointHeader, encode_point
 
     s1 = await make_store(f"{PREFIX}/s1")
     seq = V1 + 40

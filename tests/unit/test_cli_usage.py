@@ -42,7 +42,7 @@ def test_each_commands_help_gives_its_own_exit_codes_only(command):
 
 
 def test_sessions_help_names_every_owner():
-    from sidecar.sessionplan import LIVE, NONE, PRUNING, RELEASED, STALE, UNKNOWN
+    from sidecar.ops.sessionplan import LIVE, NONE, PRUNING, RELEASED, STALE, UNKNOWN
 
     text = " ".join(build_parser().commands["sessions"].format_help().split())
     for owner in (LIVE, RELEASED, STALE, NONE, PRUNING, UNKNOWN):

@@ -23,8 +23,8 @@ from sidecar.marker import (
     recorded_wait,
     swap,
 )
-from sidecar.namespaces import StoreClock, walk
-from sidecar.pruner import PRUNED, Pruner
+from sidecar.ops.namespaces import StoreClock, walk
+from sidecar.ops.pruner import PRUNED, Pruner
 from sidecar.takeover import take_for_restore
 
 SIDECAR = Path(__file__).resolve().parents[2] / "sidecar"

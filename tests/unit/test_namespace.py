@@ -202,7 +202,7 @@ def test_a_static_prefix_with_a_format_or_separator_character_is_refused(char):
 
 
 def test_status_prints_a_namespace_through_the_one_escaper():
-    from sidecar.status import render
+    from sidecar.ops.status import render
 
     text = render({"store": "directory store /s\u2028x", "roots": {}, "in_sync": True}, "a\u202eb\nc")
     assert text.splitlines()[0] == "store: directory store /s\\u2028x (namespace a\\u202eb\\nc)"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 
-from sidecar.points import PointEntry, PointHeader, encode_point
+from sidecar.points.format import PointEntry, PointHeader, encode_point
 from sidecar.restore.points import least_size
 from sidecar.store.base import ObjectMeta
 

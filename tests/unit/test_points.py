@@ -11,33 +11,35 @@ import anyio
 import pytest
 
 from sidecar.localfs import Unstable
-from sidecar.points import (
+from sidecar.points.format import (
     FULL,
     INCR,
     MAX_POINT_ENTRIES,
     POINT_MANIFEST,
-    Chain,
     EntryMismatch,
     PointEntry,
     PointError,
     PointHeader,
     PointName,
     PointReader,
-    Retention,
-    chains,
-    choose_as_of,
-    choose_for_latest,
     encode_header,
     encode_point,
     fits,
-    full_due,
-    link_error,
     parse_header,
     parse_point_key,
     point_chunks,
     point_key,
     point_source,
     read_point,
+)
+from sidecar.points.plan import (
+    Chain,
+    Retention,
+    chains,
+    choose_as_of,
+    choose_for_latest,
+    full_due,
+    link_error,
     retention_now,
     retention_plan,
 )
@@ -357,7 +359,7 @@ def test_a_full_point_is_due_when_the_chain_costs_more_than_one():
 def test_a_header_nested_past_the_parsers_depth_is_unreadable_not_a_crash():
     """``[[[…]]]`` a few thousand deep in a point's header (or a bundle's) raised RecursionError out
     of json.loads, which verify, history and restore reported as an unexpected error, exit 1."""
-    from sidecar.points import PointError, parse_header
+    from sidecar.points.format import PointError, parse_header
     from sidecar.snapshot import BundleError, _parse_header
 
     deep = b"[" * 5000 + b"]" * 5000

@@ -7,8 +7,8 @@ from __future__ import annotations
 import io
 import sys
 
-from sidecar.prune import Tally, line
-from sidecar.pruner import FAILED, PRUNED, Result
+from sidecar.ops.prune import Tally, line
+from sidecar.ops.pruner import FAILED, PRUNED, Result
 
 
 def screen(written: str) -> list[str]:

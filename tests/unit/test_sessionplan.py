@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sidecar.sessionplan import LIVE, NONE, PRUNING, RELEASED, STALE, UNKNOWN, Grouper, owner, prunable
+from sidecar.ops.sessionplan import LIVE, NONE, PRUNING, RELEASED, STALE, UNKNOWN, Grouper, owner, prunable
 from sidecar.store.base import ObjectInfo
 
 

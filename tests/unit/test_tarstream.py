@@ -8,7 +8,7 @@ import hashlib
 import anyio
 import pytest
 
-from sidecar.points import FULL, PointEntry, PointHeader, encode_point, read_point
+from sidecar.points.format import FULL, PointEntry, PointHeader, encode_point, read_point
 from sidecar.store.base import ObjectMeta
 
 

@@ -3,9 +3,7 @@ and broken chains, and which point recovers a damaged object."""
 
 from __future__ import annotations
 
-from sidecar.points import FULL, INCR, PointEntry, PointName
-from sidecar.store.base import ObjectInfo, ObjectMeta
-from sidecar.verifyplan import (
+from sidecar.ops.verifyplan import (
     NO_SHA256,
     PointCheck,
     elsewhere,
@@ -15,6 +13,8 @@ from sidecar.verifyplan import (
     recovering_point,
     sound_points,
 )
+from sidecar.points.format import FULL, INCR, PointEntry, PointName
+from sidecar.store.base import ObjectInfo, ObjectMeta
 
 SHA = "ab" * 32
 

@@ -1,23 +1,23 @@
 """``checkpoint-sidecar prune --older-than DURATION [--dry-run] [--live-within DURATION]
 [--pushgateway URL]``: delete whole namespaces whose session ended.
 
-Every namespace of the store is listed as ``sessions`` lists it (:func:`sidecar.namespaces.walk`);
+Every namespace of the store is listed as ``sessions`` lists it (:func:`sidecar.ops.namespaces.walk`);
 one is eligible when its owner is not live (released, stale, or no marker) and its last write is
-at least ``--older-than`` old, both by the store's clock (:func:`sidecar.sessionplan.prunable`);
+at least ``--older-than`` old, both by the store's clock (:func:`sidecar.ops.sessionplan.prunable`);
 ``--older-than 0s`` prunes every ended one. Each eligible namespace is pruned by
-:class:`sidecar.pruner.Pruner` (the owner-marker protocol that keeps a namespace claimed
+:class:`sidecar.ops.pruner.Pruner` (the owner-marker protocol that keeps a namespace claimed
 meanwhile whole), :data:`PARALLEL` at once. One line per eligible namespace on stdout, one
 summary line; progress on stderr when it is a terminal. ``--pushgateway``: the gauges of
 :data:`GAUGES`, pushed once at the end.
 
-``SIDECAR_PREFIX`` is resolved as if no session were named (:func:`sidecar.namespaces.operator_prefix`):
+``SIDECAR_PREFIX`` is resolved as if no session were named (:func:`sidecar.ops.namespaces.operator_prefix`):
 ``FOUNDRY_AGENT_SESSION_ID`` in the environment never narrows prune to one session; when it is
 set, one line on stderr says so and names the prefix pruned. A dry run only reads (a read-only
 store will do).
 
 Durations carry their unit (:data:`sidecar.configtypes.UnitSeconds`: ``--older-than 7`` is
 refused, not seven seconds), and ``--older-than`` below :data:`FLOOR` needs ``--force``. A
-failure is one namespace's (:meth:`sidecar.pruner.Pruner.prune` never raises): one ``failed``
+failure is one namespace's (:meth:`sidecar.ops.pruner.Pruner.prune` never raises): one ``failed``
 line, the others go on.
 
 Exit codes (as ``prune --help`` says): 0 done (nothing eligible included); 1 the store cannot be
@@ -41,9 +41,9 @@ from sidecar import log
 from sidecar.config import Settings
 from sidecar.errors import EXIT_CONFIG, EXIT_FAIL, EXIT_OK, EXIT_PARTIAL, fail
 from sidecar.namespace import command_for
-from sidecar.namespaces import Namespace, StoreClock, full_name, namespace_store, start_operator, walk
-from sidecar.pruner import FAILED, PRUNED, SKIPPED, WOULD_PRUNE, Pruner, Result
-from sidecar.sessionplan import prunable
+from sidecar.ops.namespaces import Namespace, StoreClock, full_name, namespace_store, start_operator, walk
+from sidecar.ops.pruner import FAILED, PRUNED, SKIPPED, WOULD_PRUNE, Pruner, Result
+from sidecar.ops.sessionplan import prunable
 from sidecar.store.base import Store, StoreError
 from sidecar.storeclient import missing, open_store, store_at
 
@@ -208,7 +208,7 @@ async def _enclosing_namespace(settings: Settings, prefix: str) -> str | None:
 
 
 def _store_for(settings: Settings, prefix: str, namespace: str) -> Store:
-    """A namespace's own store (:func:`~sidecar.namespaces.namespace_store`). Opened read-only, dry
+    """A namespace's own store (:func:`~sidecar.ops.namespaces.namespace_store`). Opened read-only, dry
     run or not: opening it creates nothing, and the store still takes prune's writes (a dry run
     makes none, so a read-only mount or a SAS without write permission will do)."""
     return namespace_store(settings, prefix, namespace, concurrency=4)

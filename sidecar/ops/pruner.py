@@ -4,7 +4,7 @@ The protocol (docs/NAMESPACES.md, "Pruning"; the sidecar's side: :func:`sidecar.
 and :meth:`sidecar.fence.Fence.claim`):
 
 1. Read the marker (the namespace's own store, as its sidecar reads it) and decide again by the
-   store's clock (:func:`sidecar.sessionplan.prunable`): what the listing saw may be old. Then
+   store's clock (:func:`sidecar.ops.sessionplan.prunable`): what the listing saw may be old. Then
    read what step 5 will delete (:meth:`Pruner._refusal`): a namespace holding what prune cannot
    delete is refused (failed) before anything is written, never left ``deleting``. A dry run
    stops here, having only read; a prune deletes a key that is not there, and a store that
@@ -61,9 +61,9 @@ from sidecar.marker import (
     remove,
     swap,
 )
-from sidecar.namespaces import Namespace
+from sidecar.ops.namespaces import Namespace
+from sidecar.ops.sessionplan import deleting, owner, prunable
 from sidecar.paths import UnsafeKey, validate_relpath
-from sidecar.sessionplan import deleting, owner, prunable
 from sidecar.store.base import OWN_NAMESPACE, NotFound, ObjectInfo, Store, StoreError
 
 #: What happened to a namespace.
@@ -106,7 +106,7 @@ class Pruner:
         """Prune ``ns`` if it still may be (see the module docstring). Never raises: whatever goes
         wrong in one namespace (a store error, an object the store will not delete, a bug) is
         that namespace's ``failed`` result, one line, and the run goes on with the others; a
-        namespace left ``deleting`` is finished by the next prune (:func:`sidecar.sessionplan.prunable`)."""
+        namespace left ``deleting`` is finished by the next prune (:func:`sidecar.ops.sessionplan.prunable`)."""
         name = ns.group.namespace
         try:
             store = self.store_for(name)

@@ -1,4 +1,4 @@
-"""Every namespace of a store, streamed: one listing grouped by :class:`sidecar.sessionplan.Grouper`,
+"""Every namespace of a store, streamed: one listing grouped by :class:`sidecar.ops.sessionplan.Grouper`,
 each namespace's owner marker read (a few at a time, in order) and its owner told by the store's
 clock. ``sessions`` prints them, ``prune`` prunes the ended ones. Memory is bounded by
 :data:`BATCH` namespaces and the depth of a key, whatever the store holds. Both commands work
@@ -19,7 +19,7 @@ from sidecar import log
 from sidecar.errors import EXIT_CONFIG, fail, first_of
 from sidecar.marker import OWNER_KEY, STORED_VERSION, marker_identity, read_marker_info
 from sidecar.namespace import SESSION_VAR, NamespaceError, references, resolve
-from sidecar.sessionplan import Group, Grouper, owner
+from sidecar.ops.sessionplan import Group, Grouper, owner
 from sidecar.store.base import Store, StoreError
 
 if TYPE_CHECKING:

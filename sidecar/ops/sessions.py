@@ -1,9 +1,9 @@
 """``checkpoint-sidecar sessions [--json] [--live-within DURATION]``: every namespace of the store,
-one line each, as the listing streams in (:func:`sidecar.namespaces.walk`): namespace, owner,
+one line each, as the listing streams in (:func:`sidecar.ops.namespaces.walk`): namespace, owner,
 files, bytes, last write (the store's clock), restore points, identity. Read-only. ``--json``: one
 JSON object per line. Exit 0; 1 when the store cannot be read or is not there (the lines printed
 so far stand). Every session's namespace below ``SIDECAR_PREFIX``, whatever
-``FOUNDRY_AGENT_SESSION_ID`` says (:func:`sidecar.namespaces.operator_prefix`)."""
+``FOUNDRY_AGENT_SESSION_ID`` says (:func:`sidecar.ops.namespaces.operator_prefix`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from sidecar import log
 from sidecar.config import Settings
 from sidecar.errors import EXIT_OK, fail
 from sidecar.namespace import describe_identity
-from sidecar.namespaces import Namespace, full_name, start_operator, walk
+from sidecar.ops.namespaces import Namespace, full_name, start_operator, walk
 from sidecar.store.base import StoreError
 from sidecar.storeclient import missing, open_store
 

@@ -2,10 +2,10 @@
 store, after restic's ``check`` (docs/RESTORE.md, "Verifying a store").
 
 Every namespace below ``SIDECAR_PREFIX`` (as ``sessions`` finds them: one listing grouped by
-:func:`sidecar.namespaces.groups`; ``FOUNDRY_AGENT_SESSION_ID`` never narrows it), one after the
-other, each through its own read-only store (:func:`sidecar.namespaces.namespace_store`):
+:func:`sidecar.ops.namespaces.groups`; ``FOUNDRY_AGENT_SESSION_ID`` never narrows it), one after the
+other, each through its own read-only store (:func:`sidecar.ops.namespaces.namespace_store`):
 
-1. its listing, each object's metadata checked (:func:`sidecar.verifyplan.metadata_problems`);
+1. its listing, each object's metadata checked (:func:`sidecar.ops.verifyplan.metadata_problems`);
    with ``--read-data`` every object's bytes streamed and hashed against its recorded sha256, a
    few at a time (``SIDECAR_CONCURRENCY``, at most :data:`PARALLEL`), each holding a chunk and
    one read ahead. One that does not match is read again once (a live sidecar may have replaced
@@ -15,7 +15,7 @@ other, each through its own read-only store (:func:`sidecar.namespaces.namespace
    with ``--read-data`` each point streamed once, every member hashed against its entry and the
    whole object against its recorded sha256;
 3. for each damaged object, the newest point that recovers it
-   (:func:`sidecar.verifyplan.recovering_point`).
+   (:func:`sidecar.ops.verifyplan.recovering_point`).
 
 One line per namespace (``ok`` or ``damaged``, then a line per damaged key, every name escaped),
 and a summary; ``--json``: one object per namespace per line. Reads only: no store is created,
@@ -42,14 +42,8 @@ import anyio
 from sidecar import log
 from sidecar.errors import EXIT_DAMAGED, EXIT_OK, fail, first_of
 from sidecar.log import rfc3339
-from sidecar.namespaces import full_name, groups, namespace_store, start_operator
-from sidecar.points import EntryMismatch, PointError, PointName, parse_point_key
-from sidecar.restore.points import open_point
-from sidecar.retry import retry_transient
-from sidecar.store.base import NotFound, ObjectInfo, Store, StoreError, close_chunks
-from sidecar.storeclient import missing, open_store
-from sidecar.tarstream import drain
-from sidecar.verifyplan import (
+from sidecar.ops.namespaces import full_name, groups, namespace_store, start_operator
+from sidecar.ops.verifyplan import (
     BAD_BYTES,
     OBJECT,
     POINT,
@@ -65,6 +59,12 @@ from sidecar.verifyplan import (
     unsafe_entry,
     version_lowered,
 )
+from sidecar.points.format import EntryMismatch, PointError, PointName, parse_point_key
+from sidecar.restore.points import open_point
+from sidecar.retry import retry_transient
+from sidecar.store.base import NotFound, ObjectInfo, Store, StoreError, close_chunks
+from sidecar.storeclient import missing, open_store
+from sidecar.tarstream import drain
 
 if TYPE_CHECKING:
     from sidecar.config import Settings

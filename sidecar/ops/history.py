@@ -20,7 +20,7 @@ from sidecar.storeclient import missing, open_store
 
 if TYPE_CHECKING:
     from sidecar.config import Settings
-    from sidecar.points import PointName
+    from sidecar.points.format import PointName
     from sidecar.store.base import ObjectInfo
 
 
@@ -54,7 +54,8 @@ def line(r: dict) -> str:
 async def command(settings: Settings, as_json: bool) -> int:
     """List the restore points; exit 0 (none is fine), 1 when the store cannot be read or is not there."""
     from sidecar import log
-    from sidecar.points import PointError, chains
+    from sidecar.points.format import PointError
+    from sidecar.points.plan import chains
     from sidecar.restore.points import list_points, read_header
     from sidecar.retry import STARTUP_RETRY_SECONDS, retry_transient
     from sidecar.store.base import NotFound, StoreError

@@ -1,5 +1,5 @@
 """The restore point writer: a point of the mirrored tree when changes settle, and at the drain;
-then retention (the format and the plans: :mod:`sidecar.points`).
+then retention (the format: :mod:`sidecar.points.format`; the plans: :mod:`sidecar.points.plan`).
 
 A point describes exactly the per-file objects the store holds (key, version, sha256, mode and
 mtime, from :class:`~sidecar.known.StoreState`) and holds their bytes, streamed from the disk and
@@ -10,10 +10,10 @@ stored bytes; otherwise the changes have not settled and the next tick tries aga
 
 Schedule: at most one point every ``interval`` seconds, when the tree differs from the last
 point's; an incremental point (the files changed and deleted since the last point) unless a full
-one is due (:func:`~sidecar.points.full_due`: the chain costs more than a full point, or the full
+one is due (:func:`~sidecar.points.plan.full_due`: the chain costs more than a full point, or the full
 point is ``full_interval`` old). Every put and delete goes through the :class:`~sidecar.writer.Writer`
 (a proof of ownership right before each); a point's seq is a version the writer reserved. After
-each point, retention lists the points and deletes the expired ones (:func:`~sidecar.points.retention_plan`).
+each point, retention lists the points and deletes the expired ones (:func:`~sidecar.points.plan.retention_plan`).
 """
 
 from __future__ import annotations
@@ -30,25 +30,20 @@ from sidecar.fence import Fenced
 from sidecar.known import StoreState
 from sidecar.localfs import StoredCopy, Unstable, Vanished
 from sidecar.paths import Root, split_key
-from sidecar.points import (
+from sidecar.points.format import (
     FULL,
     INCR,
-    MAX_CHAIN_INCRS,
     POINT_DIR,
     PointEntry,
     PointError,
     PointHeader,
     PointName,
     PointReader,
-    Retention,
-    choose_for_latest,
     fits,
-    full_due,
     parse_point_key,
     point_source,
-    retention_now,
-    retention_plan,
 )
+from sidecar.points.plan import MAX_CHAIN_INCRS, Retention, choose_for_latest, full_due, retention_now, retention_plan
 from sidecar.store.base import NotFound, ObjectInfo, ObjectMeta, StoreError
 from sidecar.writer import Writer
 

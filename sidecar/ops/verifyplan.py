@@ -1,7 +1,7 @@
 """The pure rules of ``checkpoint-sidecar verify`` (docs/RESTORE.md, "Verifying a store"): what is
 wrong with a listed object's metadata, which keys of a namespace's listing are another's, which
 restore points are damaged or break their chain, and which point recovers a damaged object. No
-I/O: :mod:`sidecar.verify` reads the store and feeds these.
+I/O: :mod:`sidecar.ops.verify` reads the store and feeds these.
 
 A point *recovers* a damaged object when it holds an entry of the object's key at the object's
 version, and ``restore --as-of`` of that point would succeed: every point of its chain up to it
@@ -16,9 +16,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping
 
+from sidecar.ops.sessionplan import RECORDS_DIR
 from sidecar.paths import Root, UnsafeKey, split_key
-from sidecar.points import PointEntry, PointName, chains, link_error
-from sidecar.sessionplan import RECORDS_DIR
+from sidecar.points.format import PointEntry, PointName
+from sidecar.points.plan import chains, link_error
 from sidecar.store.base import ObjectInfo, sane_version
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
