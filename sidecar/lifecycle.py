@@ -253,7 +253,7 @@ class Lifecycle:
 
         async def stop_when_fenced() -> None:
             nonlocal fenced
-            await self.daemon.uploader.fenced.wait()
+            await self.daemon.fenced.wait()
             fenced = True
             log.error("child_stopped_fenced", pid=child.pid, grace_seconds=child.grace,
                       detail="a newer sidecar owns this namespace, so nothing this compute writes can be stored "
@@ -318,10 +318,10 @@ async def restore(settings: Settings, roots: list[Root], as_of: tuple[float | No
     try:
         if as_of is not None:
             return await restore_as_of(settings, roots, store, *as_of)
-        daemon = Daemon(settings, roots, store)
-        daemon.takes_over = False  # reads only (a prune deleting the namespace is still waited for)
+        # reads only (a prune deleting the namespace is still waited for)
+        daemon = Daemon(settings, roots, store, takes_over=False)
         code = await prepare(daemon, settings)
-        if code is None and daemon.namespace_empty:
+        if code is None and daemon.startup.namespace_empty:
             await _say_if_missing(store)
         if code is None:
             await daemon.report_legacy_state()
