@@ -32,8 +32,8 @@ from sidecar.health import Health, Phase, RestorePhase
 from sidecar.known import StoreState
 from sidecar.ledger import RootLedger
 from sidecar.listing import Listing, list_store
-from sidecar.localfs import Gaps, LocalStat, absent, below_root_without_links, has_regular_files, root_identity, scan_root
-from sidecar.paths import LINEAGE_FILE, IgnoreRules, Root, is_within
+from sidecar.localfs import Gaps, LocalStat, absent, below_root_without_links, root_identity, scan_root
+from sidecar.paths import IgnoreRules, Root, is_within
 from sidecar.plan import plan_reconcile_queue, plan_root_keep
 from sidecar.restorefs import lineage_recorded, read_lineage, restore_cut_short
 from sidecar.restoreplan import holds
@@ -197,56 +197,6 @@ class Daemon:
             if stat.S_ISREG(st.st_mode):
                 self.known.skip(key, (st.st_size, st.st_mtime_ns, st.st_ctime_ns))
 
-    async def report_legacy_state(self) -> None:
-        """When this compute's namespace and its roots are empty, look once where a release
-        without namespaces kept the state (the top of ``SIDECAR_PREFIX``) and say how to adopt
-        what is there: state must not be abandoned silently by an upgrade. Never fails."""
-        ns = self.settings.namespace
-        if ns.legacy is None or not self.startup.namespace_empty:
-            return
-        empty = [r for r in self.roots if not await anyio.to_thread.run_sync(has_regular_files, r.path, self.ignore)]
-        if not empty:
-            return  # the host has its state (being adopted into this namespace, say)
-        from sidecar.store import make_store
-
-        found: list[str] = []
-        try:
-            legacy = make_store(self.settings.store_url, ns.legacy, read_only=True,  # only looked at
-                                concurrency=self.settings.concurrency)
-        except ValueError:
-            return
-        try:
-            await legacy.open()
-            for root in empty:
-                async for _info in legacy.list(root.name + "/"):
-                    found.append(root.name)
-                    break
-        except StoreError as e:
-            log.debug("legacy_state_check_failed", error=str(e))
-        finally:
-            with anyio.CancelScope(shield=True):
-                await legacy.aclose()
-        if found and ns.project:
-            import shlex
-
-            log.warning(
-                "legacy_state_found", at="the top of the store", roots=",".join(found), namespace=ns.path,
-                detail=(f"the default store is shared by every project on this machine, and keeps each in a namespace "
-                        f"of its own; state stored before that is at its top, and this project's namespace {ns.path} "
-                        f"({ns.project}) is empty. If that state is this project's, restore it once explicitly, naming "
-                        f"the store: SIDECAR_STORE={shlex.quote(str(self.settings.store))} checkpoint-sidecar restore; "
-                        "run or sync then mirrors it into this namespace (docs/NAMESPACES.md)"))
-        elif found:
-            where = ns.legacy or "the top of the store"
-            log.warning(
-                "legacy_state_found", at=where, roots=",".join(found), namespace=ns.path,
-                detail=(f"state stored without a session namespace is at {where}, and this compute's namespace "
-                        f"{ns.path} is empty. If that state is this session's, restore it once explicitly: "
-                        f"SIDECAR_PREFIX='{ns.legacy}' SIDECAR_SESSION_NAMESPACE=off checkpoint-sidecar restore; "
-                        f"then remove the record naming the old place (rm {' '.join(n + '/' + LINEAGE_FILE for n in found)}: "
-                        "a root another namespace recorded is refused); sync then mirrors it into this namespace "
-                        "(docs/NAMESPACES.md)"))
-
     # -- phase 2: mirror ---------------------------------------------------------------------
     def build(self) -> None:
         """Serving's parts, made from the start-up value in the order each needs the one before:
@@ -308,7 +258,6 @@ class Daemon:
             tg.start_soon(self.uploader.drop_stale_bundles, self.ledger.kept_roots)
             tg.start_soon(self._reconcile_loop)
             tg.start_soon(self._watch_fence)
-            tg.start_soon(self.report_legacy_state)
             if self.settings.restore_point_interval > 0:
                 tg.start_soon(self.points.run)
             self.health.set(Phase.READY, "restored and mirroring")

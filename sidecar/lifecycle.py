@@ -7,7 +7,8 @@
     serve_http    /livez /readyz /metrics when SIDECAR_HTTP_ADDR is set (cannot listen: exit 1)
     restore       Daemon.prepare by the restore rule (refused: exit 2; failed: exit 1)
     spawn_child   run only: CMD, as soon as its state is in place (cannot start: 127 or 126)
-    mirror        Daemon.serve: fence, upload workers, watcher, first reconcile (sync logs ready)
+    mirror        Daemon.serve: fence, upload workers, watcher, first reconcile (sync logs ready);
+                  the legacy-state hint
     wait_for_end  sync: a shutdown request; run: the child's exit, then its leftover helpers'
                   (fenced: the child is stopped, exit 75)
     drain         Daemon.drain: shielded, bounded by SIDECAR_DRAIN_TIMEOUT, abandoned by a second signal
@@ -30,7 +31,8 @@ and only ``close`` runs after it. What ends a command that got through its start
 The first SIGTERM/SIGINT asks for a graceful stop (drain, bounded by ``drain_timeout``); a second
 one forces it (the flush wait is abandoned), as uvicorn and hypercorn do.
 
-The one-shot ``restore`` (:func:`restore`) shares ``open_store`` and the restore step.
+The one-shot ``restore`` (:func:`restore`) shares ``open_store`` and the restore step, and
+then gives the legacy-state hint (:func:`report_legacy_state`) as ``mirror`` does.
 Everything beyond anyio and the logger is imported where it is first needed: ``run`` starts its
 child before anything only mirroring needs is loaded.
 """
@@ -234,10 +236,12 @@ class Lifecycle:
     async def mirror(self, tg: TaskGroup) -> None:
         """Step 5: start mirroring (:meth:`~sidecar.daemon.Daemon.serve`); returns once the watch
         is in place and the first reconcile is planned. A stop requested meanwhile still drains
-        what that reconcile queued (what the host wrote since the restore)."""
+        what that reconcile queued (what the host wrote since the restore). Then, as after the
+        one-shot restore, the legacy-state hint (:func:`report_legacy_state`)."""
         await tg.start(self.daemon.serve)
         if not self.wraps_child:  # the ``ready`` event is sync's; run's start is ``child_started``
             log.info("ready", roots=",".join(r.path for r in self.roots), store=self.store.description)
+        tg.start_soon(report_legacy_state, self.settings, self.roots, self.daemon.startup.namespace_empty)
 
     async def wait_for_end(self) -> int | None:
         """Step 6: wait for what ends the command. sync: a shutdown request (None). run: the
@@ -324,10 +328,69 @@ async def restore(settings: Settings, roots: list[Root], as_of: tuple[float | No
         if code is None and daemon.startup.namespace_empty:
             await _say_if_missing(store)
         if code is None:
-            await daemon.report_legacy_state()
+            await report_legacy_state(settings, roots, daemon.startup.namespace_empty)
         return EXIT_OK if code is None else code
     finally:
         await store.aclose()
+
+
+async def report_legacy_state(settings: Settings, roots: list[Root], namespace_empty: bool | None) -> None:
+    """After the restore step: when this compute's namespace (``namespace_empty``, as the restore
+    listed it) and its roots are empty, look once where a release without namespaces kept the
+    state (the top of ``SIDECAR_PREFIX``) and say how to adopt what is there: state must not be
+    abandoned silently by an upgrade. Reads a store of its own, read-only. Never fails."""
+    import anyio.to_thread
+
+    from sidecar.localfs import has_regular_files
+    from sidecar.paths import LINEAGE_FILE, IgnoreRules
+    from sidecar.store import make_store
+    from sidecar.store.base import StoreError
+
+    ns = settings.namespace
+    if ns.legacy is None or not namespace_empty:
+        return
+    ignore = IgnoreRules(settings.ignore)
+    empty = [r for r in roots if not await anyio.to_thread.run_sync(has_regular_files, r.path, ignore)]
+    if not empty:
+        return  # the host has its state (being adopted into this namespace, say)
+
+    found: list[str] = []
+    try:
+        legacy = make_store(settings.store_url, ns.legacy, read_only=True,  # only looked at
+                            concurrency=settings.concurrency)
+    except ValueError:
+        return
+    try:
+        await legacy.open()
+        for root in empty:
+            async for _info in legacy.list(root.name + "/"):
+                found.append(root.name)
+                break
+    except StoreError as e:
+        log.debug("legacy_state_check_failed", error=str(e))
+    finally:
+        with anyio.CancelScope(shield=True):
+            await legacy.aclose()
+    if found and ns.project:
+        import shlex
+
+        log.warning(
+            "legacy_state_found", at="the top of the store", roots=",".join(found), namespace=ns.path,
+            detail=(f"the default store is shared by every project on this machine, and keeps each in a namespace "
+                    f"of its own; state stored before that is at its top, and this project's namespace {ns.path} "
+                    f"({ns.project}) is empty. If that state is this project's, restore it once explicitly, naming "
+                    f"the store: SIDECAR_STORE={shlex.quote(str(settings.store))} checkpoint-sidecar restore; "
+                    "run or sync then mirrors it into this namespace (docs/NAMESPACES.md)"))
+    elif found:
+        where = ns.legacy or "the top of the store"
+        log.warning(
+            "legacy_state_found", at=where, roots=",".join(found), namespace=ns.path,
+            detail=(f"state stored without a session namespace is at {where}, and this compute's namespace "
+                    f"{ns.path} is empty. If that state is this session's, restore it once explicitly: "
+                    f"SIDECAR_PREFIX='{ns.legacy}' SIDECAR_SESSION_NAMESPACE=off checkpoint-sidecar restore; "
+                    f"then remove the record naming the old place (rm {' '.join(n + '/' + LINEAGE_FILE for n in found)}: "
+                    "a root another namespace recorded is refused); sync then mirrors it into this namespace "
+                    "(docs/NAMESPACES.md)"))
 
 
 async def _say_if_missing(store: Store) -> None:
