@@ -7,7 +7,8 @@
     serve_http    /livez /readyz /metrics when SIDECAR_HTTP_ADDR is set (cannot listen: exit 1)
     restore       Daemon.prepare by the restore rule (refused: exit 2; failed: exit 1)
     spawn_child   run only: CMD, as soon as its state is in place (cannot start: 127 or 126)
-    mirror        Daemon.serve: fence, upload workers, watcher, first reconcile (sync logs ready)
+    mirror        Daemon.serve: fence, upload workers, watcher, first reconcile (sync logs ready);
+                  the legacy-state hint
     wait_for_end  sync: a shutdown request; run: the child's exit, then its leftover helpers'
                   (fenced: the child is stopped, exit 75)
     drain         Daemon.drain: shielded, bounded by SIDECAR_DRAIN_TIMEOUT, abandoned by a second signal
@@ -30,7 +31,8 @@ and only ``close`` runs after it. What ends a command that got through its start
 The first SIGTERM/SIGINT asks for a graceful stop (drain, bounded by ``drain_timeout``); a second
 one forces it (the flush wait is abandoned), as uvicorn and hypercorn do.
 
-The one-shot ``restore`` (:func:`restore`) shares ``open_store`` and the restore step.
+The one-shot ``restore`` (:func:`restore`) shares ``open_store`` and the restore step, and
+then gives the legacy-state hint (:func:`report_legacy_state`) as ``mirror`` does.
 Everything beyond anyio and the logger is imported where it is first needed: ``run`` starts its
 child before anything only mirroring needs is loaded.
 """
@@ -234,10 +236,12 @@ class Lifecycle:
     async def mirror(self, tg: TaskGroup) -> None:
         """Step 5: start mirroring (:meth:`~sidecar.daemon.Daemon.serve`); returns once the watch
         is in place and the first reconcile is planned. A stop requested meanwhile still drains
-        what that reconcile queued (what the host wrote since the restore)."""
+        what that reconcile queued (what the host wrote since the restore). Then, as after the
+        one-shot restore, the legacy-state hint (:func:`report_legacy_state`)."""
         await tg.start(self.daemon.serve)
         if not self.wraps_child:  # the ``ready`` event is sync's; run's start is ``child_started``
             log.info("ready", roots=",".join(r.path for r in self.roots), store=self.store.description)
+        tg.start_soon(report_legacy_state, self.settings, self.roots, self.daemon.startup.namespace_empty)
 
     async def wait_for_end(self) -> int | None:
         """Step 6: wait for what ends the command. sync: a shutdown request (None). run: the
@@ -253,7 +257,7 @@ class Lifecycle:
 
         async def stop_when_fenced() -> None:
             nonlocal fenced
-            await self.daemon.uploader.fenced.wait()
+            await self.daemon.fenced.wait()
             fenced = True
             log.error("child_stopped_fenced", pid=child.pid, grace_seconds=child.grace,
                       detail="a newer sidecar owns this namespace, so nothing this compute writes can be stored "
@@ -318,16 +322,75 @@ async def restore(settings: Settings, roots: list[Root], as_of: tuple[float | No
     try:
         if as_of is not None:
             return await restore_as_of(settings, roots, store, *as_of)
-        daemon = Daemon(settings, roots, store)
-        daemon.takes_over = False  # reads only (a prune deleting the namespace is still waited for)
+        # reads only (a prune deleting the namespace is still waited for)
+        daemon = Daemon(settings, roots, store, takes_over=False)
         code = await prepare(daemon, settings)
-        if code is None and daemon.namespace_empty:
+        if code is None and daemon.startup.namespace_empty:
             await _say_if_missing(store)
         if code is None:
-            await daemon.report_legacy_state()
+            await report_legacy_state(settings, roots, daemon.startup.namespace_empty)
         return EXIT_OK if code is None else code
     finally:
         await store.aclose()
+
+
+async def report_legacy_state(settings: Settings, roots: list[Root], namespace_empty: bool | None) -> None:
+    """After the restore step: when this compute's namespace (``namespace_empty``, as the restore
+    listed it) and its roots are empty, look once where a release without namespaces kept the
+    state (the top of ``SIDECAR_PREFIX``) and say how to adopt what is there: state must not be
+    abandoned silently by an upgrade. Reads a store of its own, read-only. Never fails."""
+    import anyio.to_thread
+
+    from sidecar.localfs import has_regular_files
+    from sidecar.paths import LINEAGE_FILE, IgnoreRules
+    from sidecar.store import make_store
+    from sidecar.store.base import StoreError
+
+    ns = settings.namespace
+    if ns.legacy is None or not namespace_empty:
+        return
+    ignore = IgnoreRules(settings.ignore)
+    empty = [r for r in roots if not await anyio.to_thread.run_sync(has_regular_files, r.path, ignore)]
+    if not empty:
+        return  # the host has its state (being adopted into this namespace, say)
+
+    found: list[str] = []
+    try:
+        legacy = make_store(settings.store_url, ns.legacy, read_only=True,  # only looked at
+                            concurrency=settings.concurrency)
+    except ValueError:
+        return
+    try:
+        await legacy.open()
+        for root in empty:
+            async for _info in legacy.list(root.name + "/"):
+                found.append(root.name)
+                break
+    except StoreError as e:
+        log.debug("legacy_state_check_failed", error=str(e))
+    finally:
+        with anyio.CancelScope(shield=True):
+            await legacy.aclose()
+    if found and ns.project:
+        import shlex
+
+        log.warning(
+            "legacy_state_found", at="the top of the store", roots=",".join(found), namespace=ns.path,
+            detail=(f"the default store is shared by every project on this machine, and keeps each in a namespace "
+                    f"of its own; state stored before that is at its top, and this project's namespace {ns.path} "
+                    f"({ns.project}) is empty. If that state is this project's, restore it once explicitly, naming "
+                    f"the store: SIDECAR_STORE={shlex.quote(str(settings.store))} checkpoint-sidecar restore; "
+                    "run or sync then mirrors it into this namespace (docs/NAMESPACES.md)"))
+    elif found:
+        where = ns.legacy or "the top of the store"
+        log.warning(
+            "legacy_state_found", at=where, roots=",".join(found), namespace=ns.path,
+            detail=(f"state stored without a session namespace is at {where}, and this compute's namespace "
+                    f"{ns.path} is empty. If that state is this session's, restore it once explicitly: "
+                    f"SIDECAR_PREFIX='{ns.legacy}' SIDECAR_SESSION_NAMESPACE=off checkpoint-sidecar restore; "
+                    f"then remove the record naming the old place (rm {' '.join(n + '/' + LINEAGE_FILE for n in found)}: "
+                    "a root another namespace recorded is refused); sync then mirrors it into this namespace "
+                    "(docs/NAMESPACES.md)"))
 
 
 async def _say_if_missing(store: Store) -> None:
@@ -352,10 +415,10 @@ async def _say_if_missing(store: Store) -> None:
 async def restore_as_of(settings: Settings, roots: list[Root], store: Store, when: float | None,
                         ago: float | None) -> int:
     """``restore --as-of``: fill the roots with the namespace as it was at ``when`` (or ``ago``
-    seconds before the store's now) from its restore points (:mod:`sidecar.pointrestore`). Reads
+    seconds before the store's now) from its restore points (:mod:`sidecar.restore.asof`). Reads
     only: neither claims the namespace nor writes to the store. With ``--force-restore`` each root
     is made equal to the point: what it lacks is moved beside the root, one line per root says
-    how many entries, which and where (:func:`~sidecar.pointrestore.aside_line`). Exit 0 once filled; 1 when
+    how many entries, which and where (:func:`~sidecar.restore.asof.aside_line`). Exit 0 once filled; 1 when
     no point is at or before the time, a root holds files (without ``--force-restore``), what the
     point lacks cannot be moved aside, a point is unreadable or the store cannot be read; 2 for
     another identity's namespace with ``--force-restore`` (into empty roots, without it, any
@@ -406,7 +469,7 @@ async def restore_as_of(settings: Settings, roots: list[Root], store: Store, whe
 async def _held_live(store: Store, live_within: float, store_url: str, namespace: str) -> str | None:
     """Who holds the namespace live, and since when, in words, with the commands that go on
     from there, complete (None: no live owner): its marker judged by the store's clock, as
-    ``sessions`` judges it (:func:`sidecar.sessionplan.owner`); a prune deleting it counts too (a
+    ``sessions`` judges it (:func:`sidecar.ops.sessionplan.owner`); a prune deleting it counts too (a
     release would hand a half-deleted namespace to the next sidecar)."""
     from sidecar.fence import PRUNE_DELETING, marker_identity, prune_phase, read_marker_info
     from sidecar.namespace import command_for, describe_identity
@@ -444,7 +507,7 @@ async def release(settings: Settings, roots: list[Root], force: bool = False) ->
     """``checkpoint-sidecar release``: hand the namespace over to a sidecar of any identity
     (:func:`sidecar.fence.hand_over`), instead of deleting its owner marker. Creates nothing.
     A live owner (its marker rewritten within ``SIDECAR_LIVE_WITHIN``, or twice the heartbeat
-    interval it records, by the store's clock: :func:`sidecar.sessionplan.owner`, as ``sessions``
+    interval it records, by the store's clock: :func:`sidecar.ops.sessionplan.owner`, as ``sessions``
     tells it) is refused unless ``force``: the release would fence a running sidecar. Exit 0 once
     released (or when there is no marker), 1 when the store cannot be reached, 2 refused."""
     import time

@@ -135,11 +135,11 @@ class Writer:
         given to :meth:`put` as ``version``; 0 without a fence or before the claim."""
         return self._fence.next_version() if self._fence is not None else 0
 
-    async def put(self, key: str, data: bytes | Source, meta: ObjectMeta, if_version: int | None = None,
-                  expected: ObjectInfo | None = None, *, version: int | None = None) -> ObjectInfo:
+    async def put(self, key: str, data: bytes | Source, meta: ObjectMeta, if_version: int | None = None, *,
+                  expected: ObjectInfo | None = None, version: int | None = None) -> ObjectInfo:
         """Prove ownership, stamp ``meta`` with the next version (or ``version``, reserved by
-        :meth:`reserve_version`), then put (raises :class:`Fenced`); ``expected`` as for
-        :meth:`Store.put <sidecar.store.base.Store.put>`."""
+        :meth:`reserve_version`), then put (raises :class:`Fenced`). The store's signature, plus
+        ``version``: ``if_version`` and ``expected`` as for :meth:`Store.put <sidecar.store.base.Store.put>`."""
         _refuse_marker(key)
         await self._prove()
         if version is None:

@@ -38,6 +38,7 @@ def test_a_watcher_event_after_the_drains_last_look_is_not_left_pending(tmp_path
     async def main() -> int:
         await store.open()
         await daemon.prepare()
+        daemon.build()  # what serve() builds, its point writer replaced before it runs
         real_final = daemon.points.final
         written = anyio.Event()
 

@@ -30,6 +30,7 @@ def test_a_file_stored_while_the_scan_runs_is_not_deleted(tmp_path, monkeypatch)
     write_atomic(cps / "ctx" / "old.json", b"old")
     settings, roots = load({"store": str(tmp_path / "store"), "roots": str(cps)}, cwd=str(work))
     daemon = Daemon(settings, roots, make_store(settings.store))
+    daemon.build()  # what serve() builds: the uploader the reconcile queues into
     old = ".checkpoints/ctx/old.json"
     new = ".checkpoints/ctx/new.json"
     st = (cps / "ctx" / "old.json").stat()
@@ -60,6 +61,7 @@ def test_a_file_rewritten_while_the_scan_passes_is_not_deleted(tmp_path, monkeyp
     write_atomic(state, b"v1")
     settings, roots = load({"store": str(tmp_path / "store"), "roots": str(cps)}, cwd=str(work))
     daemon = Daemon(settings, roots, make_store(settings.store))
+    daemon.build()  # what serve() builds: the uploader the reconcile queues into
     key = ".checkpoints/ctx/state.json"
 
     def stored(data: bytes) -> ObjectInfo:
@@ -94,6 +96,7 @@ def test_a_stored_file_that_is_really_gone_is_still_deleted(tmp_path):
     (cps / "moved").symlink_to(tmp_path / "elsewhere")  # a stored directory replaced by a link
     settings, roots = load({"store": str(tmp_path / "store"), "roots": str(cps)}, cwd=str(work))
     daemon = Daemon(settings, roots, make_store(settings.store))
+    daemon.build()  # what serve() builds: the uploader the reconcile queues into
     for name in ("ctx/gone.json", "ctx/link.json", "moved/x.json"):
         key = f".checkpoints/{name}"
         daemon.known.stored(key, ObjectInfo(key, 1, ObjectMeta.of(b"x", 1, 0).sha256, 1, 0o600))

@@ -7,7 +7,7 @@ import anyio
 
 from sidecar import lifecycle
 from sidecar.config import load
-from sidecar.daemon import Daemon
+from sidecar.daemon import Daemon, Occasion
 from sidecar.errors import EXIT_FAIL, EXIT_OK
 from sidecar.lifecycle import Shutdown
 from support import store_tree, write_atomic
@@ -24,7 +24,7 @@ def test_a_stop_while_mirroring_starts_still_drains_what_the_first_scan_queued(t
     real_reconcile = Daemon.reconcile
 
     async def reconcile(self, **kw):
-        if kw.get("initial"):
+        if kw.get("occasion") is Occasion.INITIAL:
             shutdown.trigger("SIGTERM")
         return await real_reconcile(self, **kw)
 

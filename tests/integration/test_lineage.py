@@ -441,9 +441,9 @@ def test_a_root_the_restore_never_listed_keeps_its_stored_files(tmp_path):
         daemon = Daemon(settings, roots, store)  # no prepare: the restore never happened
         async with anyio.create_task_group() as tg:
             await tg.start(daemon.serve)
-            assert ".checkpoints" in daemon.kept_roots
+            assert ".checkpoints" in daemon.ledger.kept_roots
             listing = await list_store(store, roots)  # the store answers again
-            await daemon.reconcile(remote=listing.objects)
+            await daemon.reconcile_listed(listing.objects)
             with anyio.fail_after(10):
                 await daemon.uploader.wait_idle()
             tg.cancel_scope.cancel()

@@ -23,7 +23,7 @@ import pytest
 
 from sidecar import metrics
 from sidecar.config import load
-from sidecar.daemon import Daemon
+from sidecar.daemon import Daemon, Occasion
 from sidecar.health import Phase
 from sidecar.http import readiness
 from sidecar.queue import DELETE, UPLOAD
@@ -45,6 +45,7 @@ def mirrored_daemon(tmp_path: Path, **settings) -> tuple[Daemon, Path]:
     s, roots = load({"store": str(tmp_path / "store"), "roots": str(cps), "reconcile_interval": 0, **settings},
                     cwd=str(work))
     daemon = Daemon(s, roots, make_store(s.store))
+    daemon.build()  # what serve() builds: the uploader the reconcile queues into
     for rel, data in FIVE.items():
         st = (cps / rel).stat()
         key = f".checkpoints/{rel}"
@@ -64,9 +65,9 @@ def reconcile(daemon: Daemon, kind: str) -> None:
     holds what the store holds) or the drain's final one."""
     if kind == "full":
         listed = dict(daemon.known.objects_in({".checkpoints"}))
-        anyio.run(lambda: daemon.reconcile(remote=listed))
+        anyio.run(lambda: daemon.reconcile_listed(listed))
     else:
-        anyio.run(lambda: daemon.reconcile(final=kind == "final"))
+        anyio.run(lambda: daemon.reconcile(occasion=Occasion.FINAL if kind == "final" else Occasion.CHANGE))
 
 
 @pytest.mark.parametrize("kind", ["local", "full", "final"])
@@ -75,7 +76,7 @@ def test_a_root_removed_as_a_whole_deletes_nothing_and_says_so(tmp_path, kind):
     shutil.rmtree(cps)
     reconcile(daemon, kind)
     assert queued(daemon) == {}, "the root's removal was taken for deletes"
-    assert daemon.gone == {".checkpoints": "it no longer exists, or is not a directory"}
+    assert daemon.ledger.gone == {".checkpoints": "it no longer exists, or is not a directory"}
     daemon.health.set(Phase.READY, "restored and mirroring")
     ok, why = readiness(daemon.health)
     assert not ok and f"the root {cps} is gone" in why and "5 stored files are kept" in why
@@ -86,15 +87,15 @@ def test_a_root_removed_as_a_whole_deletes_nothing_and_says_so(tmp_path, kind):
     cps.unlink()
     cps.symlink_to(tmp_path / "nowhere")
     reconcile(daemon, kind)
-    assert queued(daemon) == {} and ".checkpoints" in daemon.gone
+    assert queued(daemon) == {} and ".checkpoints" in daemon.ledger.gone
     cps.unlink()
     # back, recreated by the host with a new file: mirrored; the five it lacks are kept
     write_atomic(cps / "ctx" / "new.json", b"new")
     reconcile(daemon, kind)
     assert queued(daemon) == {".checkpoints/ctx/new.json": UPLOAD}
-    assert daemon.gone == {} and daemon.health.ready and metrics.ROOTS_UNREADABLE._value.get() == 0
+    assert daemon.ledger.gone == {} and daemon.health.ready and metrics.ROOTS_UNREADABLE._value.get() == 0
     kept = {f".checkpoints/{rel}" for rel in FIVE}
-    assert daemon.kept_keys == kept and load_kept(daemon.roots[0]) == kept  # a restart keeps them too
+    assert daemon.ledger.kept_keys == kept and load_kept(daemon.roots[0]) == kept  # a restart keeps them too
     # from now on the recreated root mirrors as usual: a file the host deletes there goes
     daemon.uploader.pending.pending.clear()
     (cps / "ctx" / "new.json").unlink()
@@ -113,10 +114,10 @@ def test_a_root_back_empty_is_still_gone_until_it_has_files(tmp_path):
     cps.mkdir()
     reconcile(daemon, "local")
     assert queued(daemon) == {}
-    assert daemon.gone == {".checkpoints": "an empty directory stands in its place"}
+    assert daemon.ledger.gone == {".checkpoints": "an empty directory stands in its place"}
     write_atomic(cps / "later.json", b"the host writes again")
     reconcile(daemon, "local")
-    assert queued(daemon) == {".checkpoints/later.json": UPLOAD} and daemon.gone == {}
+    assert queued(daemon) == {".checkpoints/later.json": UPLOAD} and daemon.ledger.gone == {}
 
 
 def test_a_mount_that_goes_away_leaves_the_store_alone(tmp_path):
@@ -128,14 +129,14 @@ def test_a_mount_that_goes_away_leaves_the_store_alone(tmp_path):
     os.rename(cps, volume)
     cps.mkdir()  # the mount point, empty
     reconcile(daemon, "local")
-    assert queued(daemon) == {} and daemon.gone == {".checkpoints": "an empty directory stands in its place"}
+    assert queued(daemon) == {} and daemon.ledger.gone == {".checkpoints": "an empty directory stands in its place"}
     os.rmdir(cps)
     other = tmp_path / "other"
     write_atomic(other / "theirs.json", b"another volume's")
     os.rename(other, cps)
     reconcile(daemon, "full")
     assert queued(daemon) == {".checkpoints/theirs.json": UPLOAD}  # its files are mirrored, nothing deleted
-    assert daemon.kept_keys == {f".checkpoints/{rel}" for rel in FIVE}
+    assert daemon.ledger.kept_keys == {f".checkpoints/{rel}" for rel in FIVE}
 
 
 def test_the_same_disk_back_is_compared_as_usual(tmp_path):
@@ -149,11 +150,11 @@ def test_the_same_disk_back_is_compared_as_usual(tmp_path):
     (cps / "ctx" / "0.json").unlink()
     os.rename(cps, volume)  # the volume goes ...
     reconcile(daemon, "local")
-    assert queued(daemon) == {} and daemon.gone
+    assert queued(daemon) == {} and daemon.ledger.gone
     os.rename(volume, cps)  # ... and comes back
     reconcile(daemon, "local")
-    assert queued(daemon) == {".checkpoints/ctx/0.json": DELETE} and daemon.gone == {}
-    assert daemon.kept_keys == set() and not (cps / KEPT_FILE).exists()
+    assert queued(daemon) == {".checkpoints/ctx/0.json": DELETE} and daemon.ledger.gone == {}
+    assert daemon.ledger.kept_keys == set() and not (cps / KEPT_FILE).exists()
 
 
 def test_files_deleted_one_by_one_are_deleted_but_not_the_root_as_a_whole(tmp_path):
@@ -204,7 +205,7 @@ def test_the_hints_and_the_workers_hold_deletes_of_a_root_that_went(tmp_path):
     write_atomic(cps2 / "new.json", b"new")
     reconcile(daemon2, "local")
     assert queued(daemon2) == {".checkpoints/new.json": UPLOAD}
-    assert daemon2.kept_keys == {f".checkpoints/{rel}" for rel in FIVE}
+    assert daemon2.ledger.kept_keys == {f".checkpoints/{rel}" for rel in FIVE}
 
 
 def test_a_snapshot_commit_deletes_nothing_of_a_root_that_went(tmp_path):

@@ -49,7 +49,7 @@ async def test_the_points_after_a_root_came_back_keep_the_files_it_lacks(make_st
         await until(lambda: _false(life.daemon.health.ready), "the root counted as gone")
         for key, data in new.items():  # made again by the host, with a new file only
             write_atomic(Path(work, key), data)
-        await until(lambda: _true(life.daemon.kept_keys == set(FIVE)), "the five kept")
+        await until(lambda: _true(life.daemon.ledger.kept_keys == set(FIVE)), "the five kept")
         await until(lambda: _has(store, new), "a point with the new file")
         tree = await newest_tree(store)
         assert tree == {**FIVE, **new}, f"the newest point dropped what the store keeps: {sorted(tree or ())}"

@@ -81,14 +81,14 @@ async def test_an_older_copy_of_the_disk_is_merged_never_the_truth(make_store, t
     life = await mirror(make_store, copy)
     assert await stored(store) == newer, "the older copy rolled the store back"
     assert disk_tree(copy / ROOT) == newer  # the stored newer files won
-    [d] = [d for d in life.daemon.restored.decisions if d.name == ROOT]
+    [d] = [d for d in life.daemon.startup.restored.decisions if d.name == ROOT]
     assert d.merge and "older generation" in d.reason, d
-    assert life.daemon.restored.replaced == [f"{ROOT}/ctx/a.json"]
+    assert life.daemon.startup.restored.replaced == [f"{ROOT}/ctx/a.json"]
 
     # merged once: the disk is this namespace's now, so a host's delete is mirrored again
     (copy / ROOT / "ctx" / "c.json").unlink()
     life = await mirror(make_store, copy)
-    [d] = [d for d in life.daemon.restored.decisions if d.name == ROOT]
+    [d] = [d for d in life.daemon.startup.restored.decisions if d.name == ROOT]
     assert not d.restore and "the disk is the truth" in d.reason, d
     assert await stored(store) == {"ctx/a.json": b"a2", "ctx/b.json": b"b1"}
 
@@ -103,7 +103,7 @@ async def test_the_newest_disk_stays_the_truth_when_the_marker_is_deleted(make_s
     await store.delete(OWNER_KEY)
     (work / ROOT / "ctx" / "b.json").unlink()  # pruned by the host while the sidecar was down
     life = await mirror(make_store, work)
-    [d] = [d for d in life.daemon.restored.decisions if d.name == ROOT]
+    [d] = [d for d in life.daemon.startup.restored.decisions if d.name == ROOT]
     assert not d.restore and "the disk is the truth" in d.reason, d
     assert await stored(store) == {"ctx/a.json": b"a2"}
 

@@ -37,6 +37,6 @@ async def test_a_new_sessions_files_are_in_a_point_once_changes_settle(make_stor
             while (tree := await newest_tree(store)) != wrote:
                 await anyio.sleep(0.02)  # a poll's pace
         assert tree == wrote, f"no point of the new session's files in 30 s; the newest point held {tree}"
-        assert life.daemon.kept_roots == set()  # nothing stored was kept for these roots
+        assert life.daemon.ledger.kept_roots == set()  # nothing stored was kept for these roots
 
     assert await run_sync(InProcess(settings, roots, store), host) == 0

@@ -454,3 +454,19 @@ def test_the_stale_bundle_cleanup_proves_after_listing(tmp_path):
     anyio.run(main)
     assert [r.key for r in data_writes(store)] == [bundle_key(name)]
     assert_gated(store, fence)
+
+
+def test_the_writers_put_is_the_stores_put_plus_a_reserved_version():
+    """The writer stands in for the store (the uploader and the committer hold it instead): its
+    ``put`` takes the store's arguments the same way, and adds only ``version`` (keyword only)."""
+    import inspect
+
+    from sidecar.store.base import Store
+    from sidecar.writer import Writer
+
+    def shape(fn):
+        return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
+
+    store, writer = shape(Store.put), shape(Writer.put)
+    assert writer[:-1] == store
+    assert writer[-1] == ("version", inspect.Parameter.KEYWORD_ONLY, None)
