@@ -47,7 +47,7 @@ from anyio.abc import TaskGroup
 
 from sidecar import log
 from sidecar.errors import EXIT_CONFIG, EXIT_FAIL, EXIT_OK, EXIT_PENDING, fail
-from sidecar.storeclient import missing, open_store
+from sidecar.storeclient import missing, open_store, store_at
 
 if TYPE_CHECKING:
     from sidecar.config import Settings
@@ -343,7 +343,6 @@ async def report_legacy_state(settings: Settings, roots: list[Root], namespace_e
 
     from sidecar.localfs import has_regular_files
     from sidecar.paths import LINEAGE_FILE, IgnoreRules
-    from sidecar.store import make_store
     from sidecar.store.base import StoreError
 
     ns = settings.namespace
@@ -356,8 +355,7 @@ async def report_legacy_state(settings: Settings, roots: list[Root], namespace_e
 
     found: list[str] = []
     try:
-        legacy = make_store(settings.store_url, ns.legacy, read_only=True,  # only looked at
-                            concurrency=settings.concurrency)
+        legacy = store_at(settings, ns.legacy, concurrency=settings.concurrency)  # only looked at
     except ValueError:
         return
     try:

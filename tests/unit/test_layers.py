@@ -131,7 +131,7 @@ def test_no_module_is_longer_than_the_limit():
 
 #: Modules still making a store of their own; each is to go through ``storeclient`` (daemon: the
 #: legacy check of report_legacy_state, until it moves).
-OWN_FACTORIES = {"daemon"}
+OWN_FACTORIES: set[str] = set()
 
 
 def test_storeclient_is_the_only_store_factory():
