@@ -420,7 +420,7 @@ async def restore_as_of(settings: Settings, roots: list[Root], store: Store, whe
     no point is at or before the time, a root holds files (without ``--force-restore``), what the
     point lacks cannot be moved aside, a point is unreadable or the store cannot be read; 2 for
     another identity's namespace with ``--force-restore`` (into empty roots, without it, any
-    identity may read it)."""
+    identity may read it), or a live owner with ``--force-restore`` (:func:`_running`)."""
     import time
     from functools import partial
 
@@ -446,6 +446,9 @@ async def restore_as_of(settings: Settings, roots: list[Root], store: Store, whe
         taken = await retry_transient(partial(take_for_restore, store, ns.identity, ns.path, take=False,
                                               store_url=settings.store, check=settings.restore == "force"),
                                       "read the owner marker", deadline)
+        if settings.restore == "force" and (live := await retry_transient(
+                partial(_running, store, settings.store, ns.path), "read the owner marker", deadline)):
+            return fail(f"refusing to restore --as-of with --force-restore: {live}", EXIT_CONFIG)
         done = await fill(store, roots, when, ago, force=settings.restore == "force",
                           lineage=lineage_of(store, ns.path, taken.generation), ignore=IgnoreRules(settings.ignore),
                           deadline=deadline)
@@ -492,6 +495,28 @@ async def _held_live(store: Store, live_within: float, store_url: str, namespace
             f"clock (live within SIDECAR_LIVE_WITHIN={live_within:g}s, or twice the heartbeat interval it records), "
             "and a release would fence that running sidecar, losing what it has not stored yet: stop it first, or "
             f"wait until it is no longer live; to fence it and release now: {force}")
+
+
+async def _running(store: Store, store_url: str, namespace: str) -> str | None:
+    """Why the namespace's roots may be a running session's disk, in words (None: its marker is
+    released, stale or absent): the marker rewritten within twice the heartbeat interval it
+    records, by the store's clock. An exact restore would move that host's files from under it,
+    and its sidecar would mirror the moves."""
+    from sidecar.fence import marker_identity, read_marker_info
+    from sidecar.namespace import command_for, describe_identity
+    from sidecar.ops.sessionplan import LIVE, owner
+
+    marker, info = await read_marker_info(store)
+    if info is None:
+        return None
+    now = await store.now()
+    if owner(marker, info.modified, now, 0.0) != LIVE:
+        return None
+    held = log.printable(describe_identity(marker_identity(marker)))
+    return (f"the namespace is live: {held} holds it, its marker last written {_ago(info.modified, now)} by the "
+            "store's clock, and these roots may be that running session's disk: stop its host and sidecar first "
+            "(a clean stop releases it); if they are gone without releasing it, release it: "
+            f"{command_for('release --force', store_url, namespace)}")
 
 
 def _ago(modified: float | None, now: float) -> str:

@@ -137,3 +137,28 @@ def test_history_into_a_closed_pipe_is_one_line(tmp_path):
         os.close(w)
     assert p.returncode == 1, p.stderr
     assert "cannot write the list: Broken pipe" in p.stderr and "unexpected" not in p.stderr, p.stderr
+
+
+def test_an_exact_restore_into_a_live_sessions_roots_is_refused(tmp_path):
+    """``restore --as-of --force-restore`` while the session's sidecar runs moved the host's
+    newest checkpoint from under it, and the live sidecar deleted it from the store (an outside
+    tester's finding). Refused (exit 2, a complete command to go on) while the marker is live;
+    once the sidecar stopped (a clean stop releases it), it runs."""
+    from support import Sidecar
+
+    work, store = tmp_path / "work", tmp_path / "store"
+    mirror(work, store, {".checkpoints/ctx/old.json": b"old"})
+    write_atomic(work / ".checkpoints" / "ctx" / "paused-workflow.json", b"the host's newest")
+    sc = Sidecar(work, "sync", "--store", str(store), env=sidecar_env(SIDECAR_HTTP_ADDR=""))
+    try:
+        sc.wait_event("fence_claimed")
+        before = disk_tree(work / ".checkpoints")
+        r = run_cli("restore", "--store", str(store), "--as-of", "0s", "--force-restore", cwd=work)
+        assert r.returncode == 2, r.stderr
+        assert "the namespace is live" in r.stderr and "checkpoint-sidecar release --force" in r.stderr, r.stderr
+        assert disk_tree(work / ".checkpoints") == before and not list(work.glob(".checkpoints.replaced-*"))
+        assert sc.proc.poll() is None, "the live sidecar was harmed"
+    finally:
+        assert sc.stop() == 0, sc.log()[-3000:]
+    r = run_cli("restore", "--store", str(store), "--as-of", "0s", "--force-restore", cwd=work)
+    assert r.returncode == 0, r.stderr
