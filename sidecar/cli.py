@@ -16,15 +16,19 @@ import argparse
 import contextlib
 import logging
 import os
+import re
 import sys
 import textwrap
-from typing import Any, Awaitable, Callable, NoReturn
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, NoReturn
 
 import anyio
 
 from sidecar import __version__, lifecycle, log
 from sidecar.config import ConfigError, SettingDoc, command_settings, load, setting_docs
 from sidecar.errors import EXIT_CODES_HELP, EXIT_CONFIG, StoreConfigError, fail, leaves
+
+if TYPE_CHECKING:
+    from sidecar.points.plan import AsOf
 
 #: The settings each command takes and applies: derived from the settings model.
 COMMAND_SETTINGS = command_settings()
@@ -147,15 +151,22 @@ def _timeout(text: str) -> float:
     return value
 
 
-def _as_of(text: str) -> tuple[float | None, float | None]:
-    """``restore --as-of``: an RFC 3339 time with its offset, or a duration ago."""
+def _as_of(text: str) -> AsOf:
+    """``restore --as-of``: an RFC 3339 time with its offset, a duration ago, or ``seq:N`` (a
+    point by the seq ``history`` lists)."""
     from sidecar.configtypes import parse_time_or_age
+    from sidecar.points.plan import AsOf
 
     if text[:1] in "-+" and text[1:2].isdigit():
         raise argparse.ArgumentTypeError(f"a duration ago is written without a sign, e.g. {text[1:40]} for that long "
                                          f"ago, got {text[:40]!r}")
+    if text[:4].lower() == "seq:":
+        if not re.fullmatch(r"[0-9]{1,19}", text[4:]):
+            raise argparse.ArgumentTypeError(f"seq:N takes the seq of a point as history lists it (digits), "
+                                             f"got {text[:40]!r}")
+        return AsOf(seq=int(text[4:]))
     try:
-        return parse_time_or_age(text)
+        return AsOf(*parse_time_or_age(text))
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 
@@ -196,7 +207,8 @@ def build_parser(only: str | None = None) -> _Parser:
 
     add("restore", "one-shot restore (init containers)").add_argument(
         "--as-of", type=_as_of, metavar="TIME", help="fill the roots with the namespace as it was at TIME (RFC 3339 "
-        "with offset, or a duration ago such as 2h, on the store's clock): the newest restore point at or before it")
+        "with offset, or a duration ago such as 2h, on the store's clock): the newest restore point at or before it; "
+        "seq:N for the point of seq N that history lists (two points in one second of the store's clock)")
     add("sync", "restore, then mirror every change until SIGTERM (sidecar)")
     run = add("run", "restore, mirror, and run CMD as a child (entrypoint wrapper)",
               usage="checkpoint-sidecar run [options] -- CMD [ARGS...]")

@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from sidecar.config import Settings
     from sidecar.daemon import Daemon
     from sidecar.paths import Root
+    from sidecar.points.plan import AsOf
     from sidecar.runner import Child
     from sidecar.store.base import Store
 
@@ -310,18 +311,18 @@ async def run(settings: Settings, roots: list[Root], cmd: list[str], shutdown: S
     return await Lifecycle(settings, roots, cmd=cmd, shutdown=shutdown).main()
 
 
-async def restore(settings: Settings, roots: list[Root], as_of: tuple[float | None, float | None] | None = None) -> int:
+async def restore(settings: Settings, roots: list[Root], as_of: AsOf | None = None) -> int:
     """``checkpoint-sidecar restore``: the restore step alone, then a hint when the state is where
     a release without namespaces kept it. Reads only: the store is claimed by a mirror, never here.
     Exit 0 once the state is on disk (or nothing was stored), 1 or 2 as :func:`prepare` says.
-    ``as_of`` (``--as-of``: a store time, or seconds ago): the namespace as it was then, from its
-    restore points (:func:`restore_as_of`)."""
+    ``as_of`` (``--as-of``: a store time, seconds ago, or a point's seq): the namespace as it was
+    then, from its restore points (:func:`restore_as_of`)."""
     from sidecar.daemon import Daemon
 
     store = open_store(settings, read_only=True, roots=roots)  # a missing store (or container) is not created
     try:
         if as_of is not None:
-            return await restore_as_of(settings, roots, store, *as_of)
+            return await restore_as_of(settings, roots, store, as_of)
         # reads only (a prune deleting the namespace is still waited for)
         daemon = Daemon(settings, roots, store, takes_over=False)
         code = await prepare(daemon, settings)
@@ -410,10 +411,9 @@ async def _say_if_missing(store: Store) -> None:
                            "sync or run creates it. Check SIDECAR_STORE unless this is a first start")
 
 
-async def restore_as_of(settings: Settings, roots: list[Root], store: Store, when: float | None,
-                        ago: float | None) -> int:
-    """``restore --as-of``: fill the roots with the namespace as it was at ``when`` (or ``ago``
-    seconds before the store's now) from its restore points (:mod:`sidecar.restore.asof`). Reads
+async def restore_as_of(settings: Settings, roots: list[Root], store: Store, as_of: AsOf) -> int:
+    """``restore --as-of``: fill the roots with the namespace as it was at ``as_of`` (a store time,
+    seconds before the store's now, or a point's seq) from its restore points (:mod:`sidecar.restore.asof`). Reads
     only: neither claims the namespace nor writes to the store. With ``--force-restore`` each root
     is made equal to the point: what it lacks is moved beside the root, one line per root says
     how many entries, which and where (:func:`~sidecar.restore.asof.aside_line`). Exit 0 once filled; 1 when
@@ -449,7 +449,7 @@ async def restore_as_of(settings: Settings, roots: list[Root], store: Store, whe
         if settings.restore == "force" and (live := await retry_transient(
                 partial(_running, store, settings.store, ns.path), "read the owner marker", deadline)):
             return fail(f"refusing to restore --as-of with --force-restore: {live}", EXIT_CONFIG)
-        done = await fill(store, roots, when, ago, force=settings.restore == "force",
+        done = await fill(store, roots, as_of.when, as_of.ago, seq=as_of.seq, force=settings.restore == "force",
                           lineage=lineage_of(store, ns.path, taken.generation), ignore=IgnoreRules(settings.ignore),
                           deadline=deadline)
     except (IdentityConflict, ForeignDisk) as e:

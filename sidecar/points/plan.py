@@ -1,5 +1,5 @@
 """Restore points' plans (pure): which chain to restore (:func:`choose_for_latest`,
-:func:`choose_as_of`), which points retention deletes (:func:`retention_plan`), and when the next
+:func:`choose_as_of`, for what :class:`AsOf` names), which points retention deletes (:func:`retention_plan`), and when the next
 point is a full one (:func:`full_due`). Over the names :mod:`sidecar.points.format` gives.
 """
 
@@ -12,6 +12,18 @@ from sidecar.points.format import PointName
 
 
 # -- plans ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class AsOf:
+    """What ``restore --as-of`` names, exactly one of: a store time (``when``, epoch seconds), a
+    duration before the store's now (``ago``, seconds), or a point by its seq (``seq``, as
+    ``history`` lists it: the only way to tell apart two points in one second of the store's
+    clock, whose Last-Modified has whole seconds on Azure)."""
+
+    when: float | None = None
+    ago: float | None = None
+    seq: int | None = None
+
+
 @dataclass(frozen=True)
 class Chain:
     """A full point and the incremental points whose base names it, in seq order."""

@@ -22,7 +22,7 @@ from sidecar.localfs import has_regular_files
 from sidecar.log import rfc3339
 from sidecar.paths import IgnoreRules, Root, UnsafeKey, is_within, split_key
 from sidecar.points.format import PointEntry, PointError, PointHeader, PointName
-from sidecar.points.plan import choose_as_of, link_error
+from sidecar.points.plan import AsOf, choose_as_of, link_error
 from sidecar.restore import plan
 from sidecar.restore.finish import finish
 from sidecar.restore.place import Placer
@@ -90,9 +90,9 @@ async def store_now(store: Store) -> float | None:
 
 async def restore_as_of(store: Store, roots: list[Root], when: float | None, ago: float | None, *,
                         force: bool, lineage: Lineage, ignore: IgnoreRules | None = None,
-                        deadline: float = 0.0) -> AsOfResult:
+                        deadline: float = 0.0, seq: int | None = None) -> AsOfResult:
     """Fill ``roots`` with the namespace as it was at ``when`` (or ``ago`` seconds before the
-    store's now): the newest point at or before it, its chain applied. Roots holding files are
+    store's now, or at the point ``seq``): the newest point at or before it, its chain applied. Roots holding files are
     refused unless ``force``, which makes each root equal the point's tree: what a root holds
     that the point lacks (ignored names aside) is moved into a directory beside it
     (:func:`_set_aside`), the point's files written over the rest. Reads only the store; each root
@@ -107,7 +107,7 @@ async def restore_as_of(store: Store, roots: list[Root], when: float | None, ago
                         "--force-restore makes them equal the point (what it lacks is moved beside them)")
     points = await list_points(store, deadline)
     headers: list[PointHeader] = []
-    chosen = await _choose(store, points, when, ago, headers)
+    chosen = await _choose(store, points, AsOf(when, ago, seq), headers)
     result = AsOfResult(chosen[-1], points[chosen[-1]].modified)
     for root in roots:
         await anyio.to_thread.run_sync(remove_stale_restore_temps, root)
@@ -132,24 +132,35 @@ def _refused(result: AsOfResult) -> None:
     result.refused += 1
 
 
-async def _choose(store: Store, points: dict[PointName, ObjectInfo], when: float | None, ago: float | None,
+async def _choose(store: Store, points: dict[PointName, ObjectInfo], as_of: AsOf,
                   headers: list[PointHeader]) -> tuple[PointName, ...]:
-    """The chain of the newest usable point at or before the time meant (on the store's clock),
-    every point of it checked before a file is written (their headers into ``headers``)."""
-    t = when if when is not None else plan.as_of_time(when, ago, await store_now(store))
-    if t is None:
-        raise AsOfError("the store's current time is not known (it holds no object with a time): give the time "
-                        "as RFC 3339 instead of a duration ago")
-    # to the millisecond, as history shows them: the time a point is listed with selects it
-    times = {n: None if i.modified is None else math.floor(i.modified * 1000) / 1000 for n, i in points.items()}
+    """The chain of the newest usable point at or before the time meant (on the store's clock) or
+    the seq named, every point of it checked before a file is written (their headers into
+    ``headers``)."""
+    times: dict[PointName, float | None]
+    if as_of.seq is not None:  # a point by its seq: "at or before" in seq order
+        t = float(as_of.seq)
+        times = {n: float(n.seq) for n in points}
+    else:
+        meant = as_of.when if as_of.when is not None else plan.as_of_time(None, as_of.ago, await store_now(store))
+        if meant is None:
+            raise AsOfError("the store's current time is not known (it holds no object with a time): give the "
+                            "time as RFC 3339 instead of a duration ago")
+        t = meant
+        # to the millisecond, as history shows them: the time a point is listed with selects it
+        times = {n: None if i.modified is None else math.floor(i.modified * 1000) / 1000 for n, i in points.items()}
     bad: list[PointName] = []
     while chosen := choose_as_of(times, t, bad):
         if (failed := await _first_unreadable(store, chosen, headers)) is None:
             return chosen
         bad.append(failed)
+    unusable = f"; unusable: {', '.join(b.key for b in bad)}" if bad else ""
+    if as_of.seq is not None:
+        oldest = f"the oldest is seq {min(points).seq}" if points else "the namespace has none"
+        raise AsOfError(f"no restore point at or before seq {as_of.seq} in {store.description} "
+                        f"({oldest}{unusable})")
     known = [i.modified for i in points.values() if i.modified is not None]
     oldest = f"the oldest is at {rfc3339(min(known))}" if known else "the namespace has none"
-    unusable = f"; unusable: {', '.join(b.key for b in bad)}" if bad else ""
     raise AsOfError(f"no restore point at or before {rfc3339(t)} in {store.description} ({oldest}{unusable})")
 
 

@@ -84,6 +84,12 @@ def test_restore_as_of_and_history(tmp_path):
     assert r.returncode == 0, r.stderr
     assert disk_tree(fresh / ".checkpoints") == {k.removeprefix(".checkpoints/"): v for k, v in first.items()}
     assert files_of(store) == before, "restore --as-of wrote to the store"
+    by_seq = tmp_path / "by-seq"  # the same point, named by the seq history lists
+    by_seq.mkdir()
+    r = run_cli("restore", "--store", str(store), "--as-of", f"seq:{full['seq']}", cwd=by_seq)
+    assert r.returncode == 0, r.stderr
+    assert disk_tree(by_seq / ".checkpoints") == disk_tree(fresh / ".checkpoints")
+    assert f"(seq {full['seq']})" in r.stdout
 
     # the roots hold files now: refused, unless forced
     r = run_cli("restore", "--store", str(store), "--as-of", rows[0]["time"], cwd=fresh)

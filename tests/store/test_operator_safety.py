@@ -14,6 +14,7 @@ from sidecar import lifecycle
 from sidecar.config import load
 from sidecar.fence import Fence, Fenced
 from sidecar.marker import OWNER_KEY
+from sidecar.points.plan import AsOf
 from sidecar.store.base import ObjectMeta
 from tests.pointkit import write_point
 
@@ -127,7 +128,7 @@ async def test_restore_as_of_into_empty_roots_needs_no_identity(make_store, sett
     settings, roots = settings_for(cwd=work)
     assert not settings.namespace.identity
 
-    assert await lifecycle.restore(settings, roots, (None, 0.0)) == 0, capsys.readouterr().err
+    assert await lifecycle.restore(settings, roots, AsOf(ago=0.0)) == 0, capsys.readouterr().err
     assert (work / ".checkpoints" / "a.json").read_bytes() == b"s3 a.json"
     after = await store.get(OWNER_KEY)
     assert (after[0], after[1].version) == (before[0], before[1].version)
@@ -145,7 +146,7 @@ async def test_restore_as_of_over_files_still_needs_the_identity_and_names_it(ma
     (work / ".checkpoints" / "mine.json").write_bytes(b"another session's")
     settings, roots = settings_for(cwd=work, SIDECAR_RESTORE="force")
 
-    assert await lifecycle.restore(settings, roots, (None, 0.0)) == 2
+    assert await lifecycle.restore(settings, roots, AsOf(ago=0.0)) == 2
     [line] = capsys.readouterr().err.strip().splitlines()
     assert "belongs to FOUNDRY_AGENT_SESSION_ID=s3" in line, line
     variables = line.split("with these variables: ", 1)[1].split(";", 1)[0]

@@ -173,6 +173,28 @@ async def test_as_of_gives_exactly_the_tree_of_that_time(make_store, tmp_path):
     assert hashlib.sha256(tree(Path(root.path))[f"{ROOT}/d0/0.json"]).digest() == hashlib.sha256(b"damaged").digest()
 
 
+async def test_as_of_seq_chooses_a_point_whatever_its_time(make_store, tmp_path):
+    """``--as-of seq:N``: the newest point at or before seq N, whatever the points' times (on
+    Azure two points in one second of Last-Modified share their time: only the seq tells them
+    apart)."""
+    store = await make_store()
+    await seed(store, 3)
+    at_full = await stored(store)
+    full = await write_point(store, 100)
+    await put(store, f"{ROOT}/d0/0.json", b"rewritten", 110)
+    at_incr = await stored(store)
+    await write_point(store, 120, [f"{ROOT}/d0/0.json"], base=100, prev=100)
+    lineage = Lineage(store.description, "", 0)
+    for seq, expected in ((100, at_full), (119, at_full), (120, at_incr), (10**18, at_incr)):
+        root = root_in(tmp_path, f"seq{seq}")
+        done = await restore_as_of(store, [root], None, None, seq=seq, force=False, lineage=lineage)
+        assert tree(Path(root.path)) == expected
+        assert done.point.seq == (100 if expected is at_full else 120)
+        assert done.time == full.modified or done.point.seq == 120
+    with pytest.raises(AsOfError, match=r"no restore point at or before seq 99 .*\(the oldest is seq 100\)"):
+        await restore_as_of(store, [root_in(tmp_path, "early")], None, None, seq=99, force=False, lineage=lineage)
+
+
 async def test_as_of_never_uses_a_point_cut_short(make_store, tmp_path, caplog):
     store = await make_store()
     await seed(store, 4)

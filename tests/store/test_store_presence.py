@@ -12,6 +12,7 @@ import pytest
 from sidecar import lifecycle
 from sidecar.config import load
 from sidecar.ops import history, sessions, status
+from sidecar.points.plan import AsOf
 from sidecar.store import registry
 from sidecar.store.base import ObjectMeta
 from tests.pointkit import write_point
@@ -60,8 +61,8 @@ async def store_is_there(url: str, creds: dict) -> bool:
 COMMANDS = {
     "status": lambda s, r: status.command(s, r, False),
     "history": lambda s, r: history.command(s, False),
-    "restore --as-of 1h": lambda s, r: lifecycle.restore(s, r, (None, 3600.0)),
-    "restore --as-of TIME": lambda s, r: lifecycle.restore(s, r, (1_700_000_000.0, None)),
+    "restore --as-of 1h": lambda s, r: lifecycle.restore(s, r, AsOf(ago=3600.0)),
+    "restore --as-of TIME": lambda s, r: lifecycle.restore(s, r, AsOf(when=1_700_000_000.0)),
     "release": lambda s, r: lifecycle.release(s, r),
     "release --force": lambda s, r: lifecycle.release(s, r, True),
 }
@@ -133,7 +134,7 @@ async def test_read_only_commands_write_no_clock_probe_and_say_the_clock_is_loca
     await store.aclose()
     settings, roots = settings_at(url, {})
 
-    assert await lifecycle.restore(settings, roots, (None, 0.0)) == 0, capsys.readouterr().err
+    assert await lifecycle.restore(settings, roots, AsOf(ago=0.0)) == 0, capsys.readouterr().err
     assert await sessions.command(settings, False, 3600.0) == 0
     assert clock_probes == []
     told = events(caplog, "store_clock_local")

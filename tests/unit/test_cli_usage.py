@@ -30,6 +30,19 @@ def test_non_ascii_digits_are_no_duration(capsys):
     assert "not a time or a duration ago" in line, line
 
 
+@pytest.mark.parametrize("value", ["seq:", "seq:-1", "seq:1.5", "seq:\u0661\u0662", "seq:" + "9" * 20])
+def test_a_seq_is_ascii_digits(capsys, value):
+    line = usage_error(capsys, "restore", "--as-of", value)
+    assert "seq:N takes the seq of a point" in line, line
+
+
+def test_a_seq_names_a_point():
+    from sidecar.points.plan import AsOf
+
+    assert build_parser("restore").parse_args(["restore", "--as-of", "seq:0000000000000000120"]).as_of == AsOf(seq=120)
+    assert build_parser("restore").parse_args(["restore", "--as-of", "2h"]).as_of == AsOf(ago=7200.0)
+
+
 @pytest.mark.parametrize("command", sorted(build_parser().commands))
 def test_each_commands_help_gives_its_own_exit_codes_only(command):
     text = " ".join(build_parser().commands[command].format_help().split())
