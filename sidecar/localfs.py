@@ -491,6 +491,16 @@ def open_child_dir(fd: int, part: str, root_path: str, create: bool) -> int:
         raise
 
 
+def root_failure(root_path: str, e: OSError) -> str:
+    """Why a root could not be opened or created, in words: for a symbolic link whose target is
+    missing (a volume that was never mounted), the link and its target rather than ``File exists``."""
+    with suppress(OSError):
+        if os.path.islink(root_path) and not os.path.exists(root_path):
+            return (f"it is a symbolic link to {log.printable(os.readlink(root_path))}, which does not exist "
+                    "(a volume that was not mounted?)")
+    return e.strerror or type(e).__name__
+
+
 def open_root(root_path: str, create: bool) -> int:
     if create:
         os.makedirs(root_path, mode=0o700, exist_ok=True)

@@ -18,7 +18,7 @@ import anyio
 import anyio.to_thread
 
 from sidecar import log
-from sidecar.localfs import has_regular_files
+from sidecar.localfs import has_regular_files, root_failure
 from sidecar.log import rfc3339
 from sidecar.paths import IgnoreRules, Root, UnsafeKey, is_within, split_key
 from sidecar.points.format import PointEntry, PointError, PointHeader, PointName
@@ -207,7 +207,7 @@ async def _place(entry: PointEntry, body: AsyncIterator[bytes], by_name: dict[st
         try:
             mark_restoring(root)
         except OSError as e:
-            raise AsOfError(f"cannot write into {root.path}: {e.strerror}") from None
+            raise AsOfError(f"cannot write into {root.path}: {root_failure(root.path, e)}") from None
         started[root.name] = root
     m = entry.written
     if await placer.entry(root, parts, ObjectInfo(entry.key, m.size, m.sha256, m.mtime_ns, m.mode), body,
@@ -242,7 +242,7 @@ async def _set_aside(roots: list[Root], tree: set[str], ignore: IgnoreRules, sta
         try:
             mark_restoring(root)
         except OSError as e:
-            raise AsOfError(f"cannot write into {root.path}: {e.strerror}{_again(started)}") from None
+            raise AsOfError(f"cannot write into {root.path}: {root_failure(root.path, e)}{_again(started)}") from None
         try:
             await anyio.to_thread.run_sync(set_aside, aside, stamp)
         except CannotSetAside as e:

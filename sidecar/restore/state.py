@@ -11,7 +11,7 @@ import anyio
 import anyio.abc
 
 from sidecar.listing import Listing
-from sidecar.localfs import ByteBudget
+from sidecar.localfs import ByteBudget, root_failure
 from sidecar.paths import Root
 from sidecar.plan import RootDecision, ShapeConflicts
 from sidecar.restore import plan
@@ -118,7 +118,7 @@ class Run:
             try:  # before the root's first file lands: a restore cut short from here on is known as such
                 mark_restoring(root)
             except OSError as e:
-                raise RestoreError(f"cannot write into {root.path}: {e.strerror}") from None
+                raise RestoreError(f"cannot write into {root.path}: {root_failure(root.path, e)}") from None
             self.started[root.name] = root
 
     def _refused(self, key: str, size: int) -> None:

@@ -161,6 +161,19 @@ def test_symlink_inside_root_is_never_written_through(tmp_path):
     assert (tmp_path / "w/.checkpoints/y.json").read_bytes() == b"y"
 
 
+def test_a_root_linked_to_a_volume_never_mounted_is_named_as_such(work):
+    """A root that is a symbolic link to a missing directory (a volume that was not mounted): one
+    line naming the link's target, not ``File exists``, and nothing written beside it."""
+    work, store = work
+    seed(work, store, FILES)
+    (work / ".checkpoints").symlink_to(work / "volume-not-mounted")
+    r = run_cli("restore", "--store", str(store), cwd=work)
+    assert r.returncode == 1
+    [line] = [x for x in r.stderr.splitlines() if "restore failed" in x]
+    assert f"is a symbolic link to {work / 'volume-not-mounted'}, which does not exist" in line, line
+    assert not (work / "volume-not-mounted").exists()
+
+
 def test_world_writable_modes_are_not_restored(work):
     work, store = work
     seed(work, store, {".checkpoints/r/x.json": b"x"}, mode=0o666)
