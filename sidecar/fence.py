@@ -67,6 +67,7 @@ from sidecar.marker import (  # noqa: F401 (OWNER_KEY, marker_identity: the daem
     next_stamp,
     prune_phase,
     read_marker_info,
+    recorded_wait,
     stamp_of,
     stored_max_version,
     swap,
@@ -213,13 +214,16 @@ class Fence:
         if self.taken is not None and self.taken.stamp and current.get(STORED_VERSION) == self.taken.stamp:
             released = self.taken.released  # our take-over marker stands for the one it replaced
             pruned = self.taken.prune
-        wait = 0.0 if released else self.window + self.margin
+        # the longer of our write window and the one the marker records: a predecessor trusts each
+        # proof for its own window, which may be longer than ours
+        wait = 0.0 if released else max(self.window + self.margin, recorded_wait(current))
         self.writable_at = now + wait
         self.waited = wait > 0
         if wait > 0:
             log.warning("fence_wait", seconds=round(wait, 1), previous_generation=marked >> 32,
                         detail=(PRUNE_LEFT if pruned else "the previous sidecar did not release this namespace")
-                        + "; our uploads wait out its write window (SIDECAR_FENCE_WINDOW + SIDECAR_FENCE_MARGIN)")
+                        + "; our uploads wait out its write window (its SIDECAR_FENCE_WINDOW + SIDECAR_FENCE_MARGIN "
+                          "as its marker records them, or ours when longer)")
         if self.on_wait is not None:
             self.on_wait(self.writable_at if wait > 0 else None)
         log.info("fence_claimed", generation=self.generation)

@@ -113,6 +113,15 @@ def recorded_wait(marker: dict) -> float:
     return min(number(marker.get("window"), float) + number(marker.get("margin"), float), MAX_RECORDED_WAIT)
 
 
+def carried_window(marker: dict) -> tuple[float | None, float | None]:
+    """The ``window`` and ``margin`` a marker records (None: none recorded): a marker written over
+    a held one (a take-over's, a hand-over's) carries them on, so that the next claim still waits
+    out the owner's write window, not only its own."""
+    if not isinstance(marker, dict) or not recorded_wait(marker):
+        return None, None
+    return number(marker.get("window"), float), number(marker.get("margin"), float)
+
+
 @dataclass(frozen=True)
 class Marker:
     """An owner marker to write. ``stamp`` is its ``generation`` on the wire; ``heartbeat`` a unix

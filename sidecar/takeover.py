@@ -21,6 +21,7 @@ from sidecar.marker import (
     STORED_VERSION,
     UNREADABLE,
     Marker,
+    carried_window,
     floor_stamp,
     held_stamp,
     is_released,
@@ -142,7 +143,8 @@ async def take_for_restore(store: Store, identity: dict[str, str], namespace: st
             return found
         seen = marker.get(STORED_VERSION, 0)
         stamp = later_stamp(held_stamp(marker))
-        ours = Marker(stamp, RESUMING + uuid.uuid4().hex, time.time(), dict(identity))
+        window, margin = carried_window(marker)
+        ours = Marker(stamp, RESUMING + uuid.uuid4().hex, time.time(), dict(identity), window=window, margin=margin)
         if (await swap(store, ours, stamp, if_version=seen, expected=info)).version == stamp:
             if phase == PRUNE_PENDING:
                 log.info("prune_cancelled", namespace=log.printable(where),
@@ -178,7 +180,8 @@ async def hand_over(store: Store, attempts: int = 5) -> Handover | None:
         seen = current.get(STORED_VERSION, 0)  # as stored: the swap compares it, even out of range
         stamp = next_stamp(max(held_stamp(current), floor))
         held = not is_released(current)
-        ours = Marker(stamp, HANDED_OVER, time.time() if held else 0)
+        window, margin = carried_window(current)
+        ours = Marker(stamp, HANDED_OVER, time.time() if held else 0, window=window, margin=margin)
         if (await swap(store, ours, stamp, if_version=seen, expected=marker)).version == stamp:
             return Handover(marker_identity(current), stamp >> 32, held)
     raise StoreError("the owner marker changed at every attempt (a sidecar keeps claiming this namespace): "

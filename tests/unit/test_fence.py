@@ -96,3 +96,21 @@ def test_hand_over(store):
         return f
 
     assert anyio.run(successor).generation == done.generation + 1
+
+
+@pytest.mark.parametrize("handed_over", [False, True])
+def test_a_take_over_waits_the_predecessors_recorded_window_when_longer(store, handed_over):
+    """A predecessor trusts each proof for its own write window: a successor whose window is
+    shorter waits out the one the marker records (outside tester, round 2: the old owner's
+    deletes landed after the new one's take-over check). A hand-over's marker carries it on."""
+    old = Fence(store, window=30.0, margin=8.0)
+    anyio.run(old.claim)  # running: its heartbeat is not 0
+    if handed_over:  # `release --force` of a live owner
+        assert anyio.run(hand_over, store).held
+    now = [1000.0]
+    new = Fence(store, window=2.0, margin=8.0, clock=lambda: now[0])
+    anyio.run(new.claim)
+    assert new.writable_at == 1000.0 + 30.0 + 8.0
+    shorter = Fence(store, window=60.0, margin=8.0, clock=lambda: now[0])  # ours longer: ours
+    anyio.run(shorter.claim)
+    assert shorter.writable_at == 1000.0 + 60.0 + 8.0
