@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import hashlib
 import json
 import os
@@ -239,36 +240,45 @@ MAX_LINEAGE_BYTES = 64 * 1024
 
 def read_lineage(root: Root) -> Lineage | None:
     """The lineage recorded at the top of ``root`` (a bounded regular file read without following
-    links); None when there is none, it cannot be read, or it is not ours."""
+    links); None when there is none, it cannot be read, or it is not ours
+    (:func:`read_lineage_why` tells the last two apart)."""
+    return read_lineage_why(root)[0]
+
+
+def read_lineage_why(root: Root) -> tuple[Lineage | None, str | None]:
+    """:func:`read_lineage`'s record and, when a record is there but cannot be read as one (not a
+    regular file, unreadable, larger than :data:`MAX_LINEAGE_BYTES`, malformed), why: such a
+    record may name another namespace, so it is never taken for none (:func:`check_foreign`)."""
     try:
         dfd = open_root(root.path, create=False)
     except OSError:
-        return None
+        return None, None  # no root: no record (an unreadable root is refused as such)
     try:
         fd = os.open(LINEAGE_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
-    except OSError:
-        return None
+    except OSError as e:
+        return None, (None if e.errno == errno.ENOENT else
+                      "a symbolic link" if e.errno == errno.ELOOP else e.strerror or type(e).__name__)
     finally:
         os.close(dfd)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
+            return None, "not a regular file"
         raw = os.read(fd, MAX_LINEAGE_BYTES + 1)
-    except OSError:
-        return None
+    except OSError as e:
+        return None, e.strerror or type(e).__name__
     finally:
         os.close(fd)
     try:
         record = json.loads(raw) if len(raw) <= MAX_LINEAGE_BYTES else None
     except (ValueError, RecursionError):  # malformed, or nested past the parser's depth
-        return None
+        return None, "not a JSON object"
     if not isinstance(record, dict) or not isinstance(record.get("store"), str) \
             or not isinstance(record.get("namespace"), str):
-        return None
+        return None, "not a lineage record (no store and namespace)"
     generation = record.get("generation")
     if not isinstance(generation, int) or isinstance(generation, bool) or generation < 0:
         generation = None
-    return Lineage(record["store"], record["namespace"], generation)
+    return Lineage(record["store"], record["namespace"], generation), None
 
 
 def write_lineage(root: Root, lineage: Lineage) -> None:

@@ -31,10 +31,10 @@ from sidecar.restore import plan
 from sidecar.restore.finish import finish, lineage_of, record_lineage
 from sidecar.restore.objects import Objects
 from sidecar.restore.place import INLINE_WRITE_MAX, BatchWriter, Small, batch_outcome
-from sidecar.restore.plan import Disk, foreign, foreign_refusal, holds
+from sidecar.restore.plan import Disk, foreign, foreign_refusal, holds, unreadable_refusal
 from sidecar.restore.progress import flush_as_it_fills
 from sidecar.restore.state import RestoreError, RestoreResult
-from sidecar.restorefs import Lineage, read_lineage, remove_stale_restore_temps, restore_cut_short
+from sidecar.restorefs import Lineage, read_lineage, read_lineage_why, remove_stale_restore_temps, restore_cut_short
 from sidecar.snapshot import Change
 from sidecar.store.base import ObjectInfo, ObjectMeta, Store, StoreError
 
@@ -179,13 +179,19 @@ class ForeignDisk(Exception):
 
 async def check_foreign(roots: list[Root], lineage: Lineage, ignore: IgnoreRules | None) -> None:
     """Raise :class:`ForeignDisk` for the first root that holds files and a record naming another
-    store or namespace than ``lineage``'s (:func:`~sidecar.restore.plan.foreign`). Reads the disk only:
+    store or namespace than ``lineage``'s (:func:`~sidecar.restore.plan.foreign`), or a record
+    that cannot be read (it may name another: never taken for none). Reads the disk only:
     before the store is reached, so an unreachable store (``SIDECAR_RESTORE_OPTIONAL``) lets none by."""
     for root in roots:
-        record = await anyio.to_thread.run_sync(read_lineage, root)
-        if record is not None and foreign(record, lineage) \
-                and await anyio.to_thread.run_sync(has_regular_files, root.path, ignore):
-            raise ForeignDisk(foreign_refusal(root.path, record, lineage, log.printable))
+        record, why = await anyio.to_thread.run_sync(read_lineage_why, root)
+        if why is not None:
+            refusal = unreadable_refusal(root.path, why, lineage, log.printable)
+        elif record is not None and foreign(record, lineage):
+            refusal = foreign_refusal(root.path, record, lineage, log.printable)
+        else:
+            continue
+        if await anyio.to_thread.run_sync(has_regular_files, root.path, ignore):
+            raise ForeignDisk(refusal)
 
 
 async def _read_disk(root: Root, lineage: Lineage, ignore: IgnoreRules | None) -> Disk:

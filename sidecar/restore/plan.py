@@ -118,6 +118,18 @@ def foreign_refusal(path: str, record: Lineage, lineage: Lineage, printable: Cal
             f"into this namespace on purpose, remove {printable(path)}/{LINEAGE_FILE} first")
 
 
+def unreadable_refusal(path: str, why: str, lineage: Lineage, printable: Callable[[str], str]) -> str:
+    """Why a sidecar of ``lineage`` refuses a root at ``path`` holding files whose lineage record
+    cannot be read (``why``): it may name another namespace. One line and what to do."""
+    ours = f"'{lineage.namespace or '(top of the store)'}' of {lineage.store}"
+    record = f"{printable(path)}/{LINEAGE_FILE}"
+    return (f"the root {printable(path)} holds files and its lineage record {record} cannot be read "
+            f"({printable(why)}): whose namespace these files are cannot be told, and this sidecar mirrors {ours}, "
+            f"so nothing was restored, uploaded or deleted. Give this sidecar read access to the record; or move "
+            f"the root aside (mv {printable(path)} {printable(path)}.unknown) and start again to restore this "
+            f"namespace's state; to take these files into this namespace on purpose, remove {record} first")
+
+
 def plan_candidates(disk: Mapping[str, Disk], mode: str) -> Candidates:
     """The candidates: the roots :func:`decide_restore` restores if one file is stored."""
     roots, merging = set(), set()

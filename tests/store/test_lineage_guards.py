@@ -153,3 +153,36 @@ async def test_another_sessions_volume_behind_an_unreadable_directory_is_refused
     monkeypatch.setattr(os, "scandir", scandir)
     assert await stored(s2) == {}, "another session's files entered this namespace"
     assert "agent/s1" in (vol / ROOT / ".sidecar-lineage").read_text()
+
+
+@pytest.mark.parametrize("damage", ["empty", "garbage", "wrong types", "a directory", "unreadable"])
+async def test_another_sessions_volume_whose_record_cannot_be_read_is_refused(make_store, tmp_path, monkeypatch,
+                                                                                  damage, capsys):
+    """A lineage record there but not readable as one may name another namespace: the start is
+    refused like a record naming another (outside tester, round 2: it counted as no record, and
+    s1's file was uploaded into s2). Once the record is removed on purpose, the disk is merged."""
+    s2 = await make_store("agent/s2")
+    vol = tmp_path / "s1-volume"
+    vol.mkdir()
+    await mirror(make_store, vol, {"s1-private.json": b"s1's"}, prefix="agent/s1")
+    record = vol / ROOT / ".sidecar-lineage"
+    if damage == "unreadable":  # as a user without the right to read it (tests may run as root)
+        real_open = os.open
+
+        def denied(path, flags, *args, **kw):
+            if str(path) == ".sidecar-lineage" and kw.get("dir_fd") is not None and not flags & os.O_CREAT:
+                raise PermissionError(13, "Permission denied", path)
+            return real_open(path, flags, *args, **kw)
+
+        monkeypatch.setattr(os, "open", denied)
+    elif damage == "a directory":
+        record.unlink()
+        record.mkdir()
+    else:
+        record.write_text({"empty": "", "garbage": "garbage{", "wrong types": '{"namespace": 7, "store": 1}'}[damage])
+    settings, roots = settings_for(vol, "unused", prefix="agent/s2", reconcile_interval=0)
+    with anyio.fail_after(60):
+        assert await InProcess(settings, roots, await make_store("agent/s2")).main() == EXIT_CONFIG
+    assert await stored(s2) == {}, "another session's files entered this namespace"
+    assert (vol / ROOT / "s1-private.json").read_bytes() == b"s1's"
+    assert "its lineage record" in capsys.readouterr().err
