@@ -29,6 +29,7 @@ import os
 import re
 from contextvars import ContextVar
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Annotated, Any, Mapping, get_args, get_origin
 
 from pydantic import Field, PrivateAttr, ValidationError, field_validator
@@ -57,7 +58,7 @@ from sidecar.configtypes import (  # noqa: F401 (shown, the value types and boun
     shown,
 )
 from sidecar.namespace import Namespace, NamespaceError, check_template, project_namespace, resolve
-from sidecar.paths import DEFAULT_IGNORE, Root, check_local_path, is_within, make_roots
+from sidecar.paths import DEFAULT_IGNORE, IgnoreRules, Root, check_local_path, is_within, make_roots
 from sidecar.platformenv import is_service_link, platform_variable
 from sidecar.store.registry import StoreURL, parse_store
 
@@ -281,6 +282,11 @@ class Settings(BaseSettings):
         """The variable that says this runs on a container platform
         (:data:`sidecar.platformenv.PLATFORM_VARIABLES`), as :func:`load` found it; None off-platform."""
         return self._platform
+
+    @cached_property
+    def ignore_rules(self) -> IgnoreRules:
+        """``ignore`` compiled, once: the rules every reader of the roots applies."""
+        return IgnoreRules(self.ignore)
 
     def root_list(self, cwd: str | None = None) -> list[Root]:
         return make_roots(self.roots or layout_roots(self.layout), cwd or os.getcwd())

@@ -94,7 +94,7 @@ class Daemon:
         self.roots = roots
         self.store = store
         self.takes_over = takes_over
-        self.ignore = IgnoreRules(settings.ignore)
+        self.ignore = settings.ignore_rules
         self.health = Health(namespace=settings.namespace.describe() if settings.namespace.path
                              or settings.namespace.identity else "")
         #: what start-up found (nothing until prepare() lists the store; the restore may be

@@ -342,14 +342,13 @@ async def report_legacy_state(settings: Settings, roots: list[Root], namespace_e
     import anyio.to_thread
 
     from sidecar.localfs import has_regular_files
-    from sidecar.paths import LINEAGE_FILE, IgnoreRules
+    from sidecar.paths import LINEAGE_FILE
     from sidecar.store.base import StoreError
 
     ns = settings.namespace
     if ns.legacy is None or not namespace_empty:
         return
-    ignore = IgnoreRules(settings.ignore)
-    empty = [r for r in roots if not await anyio.to_thread.run_sync(has_regular_files, r.path, ignore)]
+    empty = [r for r in roots if not await anyio.to_thread.run_sync(has_regular_files, r.path, settings.ignore_rules)]
     if not empty:
         return  # the host has its state (being adopted into this namespace, say)
 
@@ -425,7 +424,6 @@ async def restore_as_of(settings: Settings, roots: list[Root], store: Store, whe
     from functools import partial
 
     from sidecar.fence import IdentityConflict, take_for_restore
-    from sidecar.paths import IgnoreRules
     from sidecar.restore.asof import AsOfError, aside_line, rfc3339
     from sidecar.restore.asof import restore_as_of as fill
     from sidecar.restore.latest import ForeignDisk, check_foreign, lineage_of
@@ -436,7 +434,7 @@ async def restore_as_of(settings: Settings, roots: list[Root], store: Store, whe
     deadline = time.monotonic() + STARTUP_RETRY_SECONDS
     try:
         # --force-restore over another namespace's disk would record it as this one's, its files kept
-        await check_foreign(roots, lineage_of(store, ns.path), IgnoreRules(settings.ignore))
+        await check_foreign(roots, lineage_of(store, ns.path), settings.ignore_rules)
         await retry_transient(store.open, "open", deadline)
         if why := await missing(store):  # "no restore point" would hide a typo in SIDECAR_STORE
             return fail(f"restore --as-of failed: {why}")
@@ -450,7 +448,7 @@ async def restore_as_of(settings: Settings, roots: list[Root], store: Store, whe
                 partial(_running, store, settings.store, ns.path), "read the owner marker", deadline)):
             return fail(f"refusing to restore --as-of with --force-restore: {live}", EXIT_CONFIG)
         done = await fill(store, roots, when, ago, force=settings.restore == "force",
-                          lineage=lineage_of(store, ns.path, taken.generation), ignore=IgnoreRules(settings.ignore),
+                          lineage=lineage_of(store, ns.path, taken.generation), ignore=settings.ignore_rules,
                           deadline=deadline)
     except (IdentityConflict, ForeignDisk) as e:
         return fail(f"refusing to restore: {e}", EXIT_CONFIG)
