@@ -129,8 +129,7 @@ def test_no_module_is_longer_than_the_limit():
     assert not long, f"modules of sidecar/ longer than {MAX_MODULE_LINES} lines: {long}"
 
 
-#: Modules still making a store of their own; each is to go through ``storeclient`` (daemon: the
-#: legacy check of report_legacy_state, until it moves).
+#: Modules still making a store of their own; each is to go through ``storeclient``.
 OWN_FACTORIES: set[str] = set()
 
 
