@@ -11,12 +11,12 @@ token), escaped and shortened.
 Rules beyond a field's type: an unknown ``SIDECAR_*`` variable is an error (a typo such as
 ``SIDECAR_STOR`` would otherwise fall back to the default store silently), except kubelet's
 service links (``SIDECAR_SERVICE_HOST``, ``SIDECAR_PORT_80_TCP``... for a Service named
-``sidecar``), which are the platform's and never a setting: a name of such a shape whose value has
-the shape kubelet gives it (``SIDECAR_HTTP_PORT=9090``, not ``tcp://…``, is a typo); two variables naming one setting in
-different cases (``SIDECAR_STORE`` and ``sidecar_store``) are an error; so is an unset
-``SIDECAR_STORE`` on a container platform, whose local disk goes with the container, and there a
-directory store that does not exist (the backend's own check, when the store is opened:
-:func:`sidecar.storeclient.check_store_volume`).
+``sidecar``), which are the platform's and never a setting (:mod:`sidecar.platformenv`): a name of
+such a shape whose value has the shape kubelet gives it (``SIDECAR_HTTP_PORT=9090``, not
+``tcp://…``, is a typo); two variables naming one setting in different cases (``SIDECAR_STORE``
+and ``sidecar_store``) are an error; so is an unset ``SIDECAR_STORE`` on a container platform,
+whose local disk goes with the container, and there a directory store that does not exist (the
+backend's own check, when the store is opened: :func:`sidecar.storeclient.check_store_volume`).
 No setting lies under the prefixes Foundry reserves for its own variables (``FOUNDRY_*``,
 ``AGENT_*``): every setting is ``SIDECAR_*``.
 """
@@ -29,6 +29,7 @@ import os
 import re
 from contextvars import ContextVar
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Annotated, Any, Mapping, get_args, get_origin
 
 from pydantic import Field, PrivateAttr, ValidationError, field_validator
@@ -57,7 +58,8 @@ from sidecar.configtypes import (  # noqa: F401 (shown, the value types and boun
     shown,
 )
 from sidecar.namespace import Namespace, NamespaceError, check_template, project_namespace, resolve
-from sidecar.paths import DEFAULT_IGNORE, Root, check_local_path, is_within, make_roots
+from sidecar.paths import DEFAULT_IGNORE, IgnoreRules, Root, check_local_path, is_within, make_roots
+from sidecar.platformenv import is_service_link, platform_variable
 from sidecar.store.registry import StoreURL, parse_store
 
 DEFAULT_ROOTS = [".checkpoints", ".function_approvals"]
@@ -65,30 +67,6 @@ LAYOUTS = ("agent-framework", "agentserver")
 ENV_PREFIX = "SIDECAR_"
 DEFAULT_HTTP_PORT = 7479  # clear of the host (8088), Prometheus exporters (9100-9999) and common app ports
 
-#: Set by these, the process runs on a container platform: its local disk goes with the container.
-PLATFORM_VARIABLES = ("KUBERNETES_SERVICE_HOST", "CONTAINER_APP_NAME", "FOUNDRY_HOSTING_ENVIRONMENT",
-                      "FOUNDRY_AGENT_SESSION_ID")
-#: The prefixes Foundry reserves for the variables it sets; no setting may use them.
-RESERVED_PREFIXES = ("FOUNDRY_", "AGENT_")
-#: kubelet's service links for a Service ``<NAME>`` (upper case, ``-`` as ``_``) with ports
-#: ``<n>``/``<PROTO>`` and port names: ``<NAME>_SERVICE_HOST``, ``<NAME>_SERVICE_PORT[_<port name>]``,
-#: ``<NAME>_PORT[_<n>_<PROTO>[_PROTO|_PORT|_ADDR]]``. Matched as kubelet writes them (upper case).
-SERVICE_LINK = re.compile(r"[A-Z0-9_]+_SERVICE_HOST|[A-Z0-9_]+_SERVICE_PORT(?:_[A-Z0-9_]+)?"
-                          r"|[A-Z0-9_]+_PORT(?:_[0-9]+_(?:TCP|UDP|SCTP)(?:_PROTO|_PORT|_ADDR)?)?")
-#: Each form of a service link's name and the shape kubelet gives its value: an IP address
-#: (``_SERVICE_HOST``, ``_ADDR``), a port number (``_SERVICE_PORT[_…]``, the nested ``_PORT``: the
-#: name's ``<n>``), ``<proto>://<ip>:<port>`` (``<NAME>_PORT``; ``<NAME>_PORT_<n>_<PROTO>``: that
-#: proto and port), the protocol (``_PROTO``: the name's, lower case).
-_LINK_FORMS = (
-    (re.compile(r"[A-Z0-9_]+_SERVICE_HOST"), "ip"),
-    (re.compile(r"[A-Z0-9_]+_SERVICE_PORT(?:_[A-Z0-9_]+)?"), "number"),
-    (re.compile(r"[A-Z0-9_]+_PORT"), "url"),
-    (re.compile(r"[A-Z0-9_]+_PORT_(?P<n>[0-9]+)_(?P<proto>TCP|UDP|SCTP)"), "url"),
-    (re.compile(r"[A-Z0-9_]+_PORT_(?P<n>[0-9]+)_(?P<proto>TCP|UDP|SCTP)_PROTO"), "proto"),
-    (re.compile(r"[A-Z0-9_]+_PORT_(?P<n>[0-9]+)_(?P<proto>TCP|UDP|SCTP)_PORT"), "number"),
-    (re.compile(r"[A-Z0-9_]+_PORT_(?P<n>[0-9]+)_(?P<proto>TCP|UDP|SCTP)_ADDR"), "ip"),
-)
-_LINK_URL = re.compile(r"(?P<proto>tcp|udp|sctp)://(?:\[(?P<ip6>[0-9A-Fa-f:.]+)\]|(?P<ip4>[0-9.]+)):(?P<port>[0-9]{1,5})")
 
 def layout_roots(layout: str, env: Mapping[str, str] | None = None) -> list[str]:
     """Where a host keeps its state, resolved the way the host resolves it.
@@ -301,9 +279,14 @@ class Settings(BaseSettings):
 
     @property
     def platform(self) -> str | None:
-        """The variable that says this runs on a container platform (:data:`PLATFORM_VARIABLES`),
-        as :func:`load` found it; None off-platform."""
+        """The variable that says this runs on a container platform
+        (:data:`sidecar.platformenv.PLATFORM_VARIABLES`), as :func:`load` found it; None off-platform."""
         return self._platform
+
+    @cached_property
+    def ignore_rules(self) -> IgnoreRules:
+        """``ignore`` compiled, once: the rules every reader of the roots applies."""
+        return IgnoreRules(self.ignore)
 
     def root_list(self, cwd: str | None = None) -> list[Root]:
         return make_roots(self.roots or layout_roots(self.layout), cwd or os.getcwd())
@@ -458,50 +441,6 @@ def _problem(err: Any) -> str:  # a pydantic ErrorDetails
     if kind in ("string_type", "list_type"):
         return f"{variable}: must be text{got}"
     return f"{variable}: {err['msg'].splitlines()[0]}"  # a type this list does not know yet
-
-
-def platform_variable(env: Mapping[str, str] | None = None) -> str | None:
-    """The first of :data:`PLATFORM_VARIABLES` set in ``env``: this runs on a container platform."""
-    env = os.environ if env is None else env
-    return next((v for v in PLATFORM_VARIABLES if env.get(v)), None)
-
-
-def is_service_link(variable: str, value: str | None = None) -> bool:
-    """Whether ``variable`` has the shape of a kubelet service link (:data:`SERVICE_LINK`) and,
-    given its ``value``, that value the shape kubelet writes for that form of name
-    (:data:`_LINK_FORMS`): ``SIDECAR_HTTP_PORT=9090`` is a typo, not kubelet's ``tcp://…``."""
-    if SERVICE_LINK.fullmatch(variable) is None:
-        return False
-    return value is None or any(_link_value_fits(m, kind, value) for form, kind in _LINK_FORMS
-                                if (m := form.fullmatch(variable)) is not None)
-
-
-def _link_value_fits(name: re.Match[str], kind: str, value: str) -> bool:
-    groups = name.groupdict()
-    n, proto = groups.get("n"), (groups.get("proto") or "").lower()
-    if kind == "ip":
-        return _is_ip(value)
-    if kind == "number":
-        return _is_port(value) and (n is None or int(value) == int(n))
-    if kind == "proto":
-        return value == proto
-    m = _LINK_URL.fullmatch(value)
-    return (m is not None and _is_ip(m["ip6"] or m["ip4"]) and _is_port(m["port"])
-            and (not proto or (m["proto"] == proto and int(m["port"]) == int(n or 0))))
-
-
-def _is_ip(value: str) -> bool:
-    import ipaddress
-
-    try:
-        ipaddress.ip_address(value)
-    except ValueError:
-        return False
-    return True
-
-
-def _is_port(value: str) -> bool:
-    return re.fullmatch(r"[0-9]{1,5}", value) is not None and 0 < int(value) < 65536
 
 
 def unknown_variables(env: Mapping[str, str] | None = None) -> list[str]:

@@ -94,7 +94,7 @@ class Daemon:
         self.roots = roots
         self.store = store
         self.takes_over = takes_over
-        self.ignore = IgnoreRules(settings.ignore)
+        self.ignore = settings.ignore_rules
         self.health = Health(namespace=settings.namespace.describe() if settings.namespace.path
                              or settings.namespace.identity else "")
         #: what start-up found (nothing until prepare() lists the store; the restore may be
@@ -172,9 +172,10 @@ class Daemon:
             log.info("namespace_empty", namespace=ns.describe(), detail="the store holds nothing in this namespace (a "
                      "new session, or one pruned after it ended): starting empty")
         self.health.restore_phase(RestorePhase.DONE)
+        _warn_nested_namespaces(self.roots, listing)
+        # what the restore refused or set aside: kept in the store, never taken for a deletion
         await self.ledger.keep(set(result.refused) | set(result.quarantined))
         await anyio.to_thread.run_sync(self._skip_merged_kept, result)
-        _warn_nested_namespaces(self.roots, listing)
         return startup
 
     def _skip_merged_kept(self, result: RestoreResult) -> None:

@@ -32,7 +32,8 @@ The first SIGTERM/SIGINT asks for a graceful stop (drain, bounded by ``drain_tim
 one forces it (the flush wait is abandoned), as uvicorn and hypercorn do.
 
 The one-shot ``restore`` (:func:`restore`) shares ``open_store`` and the restore step, and
-then gives the legacy-state hint (:func:`report_legacy_state`) as ``mirror`` does.
+then gives the legacy-state hint (:func:`~sidecar.storeclient.report_legacy_state`) as ``mirror``
+does.
 Everything beyond anyio and the logger is imported where it is first needed: ``run`` starts its
 child before anything only mirroring needs is loaded.
 """
@@ -47,7 +48,7 @@ from anyio.abc import TaskGroup
 
 from sidecar import log
 from sidecar.errors import EXIT_CONFIG, EXIT_FAIL, EXIT_OK, EXIT_PENDING, fail
-from sidecar.storeclient import missing, open_store, store_at
+from sidecar.storeclient import missing, open_store, report_legacy_state, say_if_missing
 
 if TYPE_CHECKING:
     from sidecar.config import Settings
@@ -238,7 +239,7 @@ class Lifecycle:
         """Step 5: start mirroring (:meth:`~sidecar.daemon.Daemon.serve`); returns once the watch
         is in place and the first reconcile is planned. A stop requested meanwhile still drains
         what that reconcile queued (what the host wrote since the restore). Then, as after the
-        one-shot restore, the legacy-state hint (:func:`report_legacy_state`)."""
+        one-shot restore, the legacy-state hint (:func:`~sidecar.storeclient.report_legacy_state`)."""
         await tg.start(self.daemon.serve)
         if not self.wraps_child:  # the ``ready`` event is sync's; run's start is ``child_started``
             log.info("ready", roots=",".join(r.path for r in self.roots), store=self.store.description)
@@ -327,88 +328,12 @@ async def restore(settings: Settings, roots: list[Root], as_of: AsOf | None = No
         daemon = Daemon(settings, roots, store, takes_over=False)
         code = await prepare(daemon, settings)
         if code is None and daemon.startup.namespace_empty:
-            await _say_if_missing(store)
+            await say_if_missing(store)
         if code is None:
             await report_legacy_state(settings, roots, daemon.startup.namespace_empty)
         return EXIT_OK if code is None else code
     finally:
         await store.aclose()
-
-
-async def report_legacy_state(settings: Settings, roots: list[Root], namespace_empty: bool | None) -> None:
-    """After the restore step: when this compute's namespace (``namespace_empty``, as the restore
-    listed it) and its roots are empty, look once where a release without namespaces kept the
-    state (the top of ``SIDECAR_PREFIX``) and say how to adopt what is there: state must not be
-    abandoned silently by an upgrade. Reads a store of its own, read-only. Never fails."""
-    import anyio.to_thread
-
-    from sidecar.localfs import has_regular_files
-    from sidecar.paths import LINEAGE_FILE, IgnoreRules
-    from sidecar.store.base import StoreError
-
-    ns = settings.namespace
-    if ns.legacy is None or not namespace_empty:
-        return
-    ignore = IgnoreRules(settings.ignore)
-    empty = [r for r in roots if not await anyio.to_thread.run_sync(has_regular_files, r.path, ignore)]
-    if not empty:
-        return  # the host has its state (being adopted into this namespace, say)
-
-    found: list[str] = []
-    try:
-        legacy = store_at(settings, ns.legacy, concurrency=settings.concurrency)  # only looked at
-    except ValueError:
-        return
-    try:
-        await legacy.open()
-        for root in empty:
-            async for _info in legacy.list(root.name + "/"):
-                found.append(root.name)
-                break
-    except StoreError as e:
-        log.debug("legacy_state_check_failed", error=str(e))
-    finally:
-        with anyio.CancelScope(shield=True):
-            await legacy.aclose()
-    if found and ns.project:
-        import shlex
-
-        log.warning(
-            "legacy_state_found", at="the top of the store", roots=",".join(found), namespace=ns.path,
-            detail=(f"the default store is shared by every project on this machine, and keeps each in a namespace "
-                    f"of its own; state stored before that is at its top, and this project's namespace {ns.path} "
-                    f"({ns.project}) is empty. If that state is this project's, restore it once explicitly, naming "
-                    f"the store: SIDECAR_STORE={shlex.quote(str(settings.store))} checkpoint-sidecar restore; "
-                    "run or sync then mirrors it into this namespace (docs/NAMESPACES.md)"))
-    elif found:
-        where = ns.legacy or "the top of the store"
-        log.warning(
-            "legacy_state_found", at=where, roots=",".join(found), namespace=ns.path,
-            detail=(f"state stored without a session namespace is at {where}, and this compute's namespace "
-                    f"{ns.path} is empty. If that state is this session's, restore it once explicitly: "
-                    f"SIDECAR_PREFIX='{ns.legacy}' SIDECAR_SESSION_NAMESPACE=off checkpoint-sidecar restore; "
-                    f"then remove the record naming the old place (rm {' '.join(n + '/' + LINEAGE_FILE for n in found)}: "
-                    "a root another namespace recorded is refused); sync then mirrors it into this namespace "
-                    "(docs/NAMESPACES.md)"))
-
-
-async def _say_if_missing(store: Store) -> None:
-    """A plain ``restore`` that found nothing: when the store itself is not there, one warning line
-    naming it. Not an error: an init container's restore on a new deployment runs before the first
-    ``sync`` or ``run`` creates the store (the Azure container; a directory store on a container
-    platform is refused before this, exit 2), so it starts empty; a typo in ``SIDECAR_STORE`` is
-    said all the same."""
-    from sidecar.store.base import StoreError
-
-    try:
-        there = await store.exists()
-    except StoreError as e:
-        log.debug("store_exists_check_failed", error=str(e))
-        return
-    if not there:
-        log.warning("store_not_there", store=store.description,
-                    detail="the store does not exist yet: nothing was restored and nothing was created; the first "
-                           "sync or run creates it. Check SIDECAR_STORE unless this is a first start")
 
 
 async def restore_as_of(settings: Settings, roots: list[Root], store: Store, as_of: AsOf) -> int:
@@ -425,7 +350,6 @@ async def restore_as_of(settings: Settings, roots: list[Root], store: Store, as_
     from functools import partial
 
     from sidecar.fence import IdentityConflict, take_for_restore
-    from sidecar.paths import IgnoreRules
     from sidecar.restore.asof import AsOfError, aside_line, rfc3339
     from sidecar.restore.asof import restore_as_of as fill
     from sidecar.restore.latest import ForeignDisk, check_foreign, lineage_of
@@ -436,7 +360,7 @@ async def restore_as_of(settings: Settings, roots: list[Root], store: Store, as_
     deadline = time.monotonic() + STARTUP_RETRY_SECONDS
     try:
         # --force-restore over another namespace's disk would record it as this one's, its files kept
-        await check_foreign(roots, lineage_of(store, ns.path), IgnoreRules(settings.ignore))
+        await check_foreign(roots, lineage_of(store, ns.path), settings.ignore_rules)
         await retry_transient(store.open, "open", deadline)
         if why := await missing(store):  # "no restore point" would hide a typo in SIDECAR_STORE
             return fail(f"restore --as-of failed: {why}")
@@ -450,7 +374,7 @@ async def restore_as_of(settings: Settings, roots: list[Root], store: Store, as_
                 partial(_running, store, settings.store, ns.path), "read the owner marker", deadline)):
             return fail(f"refusing to restore --as-of with --force-restore: {live}", EXIT_CONFIG)
         done = await fill(store, roots, as_of.when, as_of.ago, seq=as_of.seq, force=settings.restore == "force",
-                          lineage=lineage_of(store, ns.path, taken.generation), ignore=IgnoreRules(settings.ignore),
+                          lineage=lineage_of(store, ns.path, taken.generation), ignore=settings.ignore_rules,
                           deadline=deadline)
     except (IdentityConflict, ForeignDisk) as e:
         return fail(f"refusing to restore: {e}", EXIT_CONFIG)

@@ -32,7 +32,7 @@ RESTORE_MARKER = ".sidecar-restoring"
 #: placed on disk, so never to be taken for deleted), kept across the sidecar's restarts.
 KEPT_FILE = ".sidecar-kept"
 #: At the top of a root: which store and namespace filled or mirrored it. Only a root that carries
-#: this namespace's record is the truth (see :func:`sidecar.plan.decide_restore`).
+#: this namespace's record is the truth (see :func:`sidecar.restore.plan.decide_restore`).
 LINEAGE_FILE = ".sidecar-lineage"
 #: Our own files inside roots: never mirrored, whatever ``ignore`` says.
 INTERNAL_IGNORE = (RESTORE_TMP_PREFIX + "*", RESTORE_MARKER, KEPT_FILE, LINEAGE_FILE)

@@ -165,69 +165,6 @@ def plan_root_presence(*, present: bool, replaced: bool, was_gone: bool, stored:
 
 
 @dataclass
-class RootDecision:
-    name: str
-    restore: bool
-    reason: str
-    #: restored by merging: the stored files are brought in beside the disk's own (see decide_restore)
-    merge: bool = False
-    #: once the restore has ended, the root is this namespace's disk: its lineage record says so
-    owned: bool = False
-
-
-def decide_restore(root_name: str, local_has_files: bool, stored: int, mode: str,
-                   cut_short: bool = False, held: bool = False, older: bool = False) -> RootDecision:
-    """The restore rule. ``mode`` is ``auto``, ``force`` or ``skip``. ``held``: the root carries
-    the lineage record of this store and namespace (they filled or mirrored it: the same disk).
-
-    * ``skip``: never restore.
-    * ``force``: restore every stored file, replacing local copies.
-    * ``auto``: a root with no regular files (fresh compute; empty placeholder directories count as
-      empty) is filled from the store. A root that holds files is the truth only when ``held``: it
-      is left alone, and ``sync`` then makes the store match it, so pruned checkpoints never come
-      back. A root that holds files but not this namespace's record (a fresh compute's image, a
-      disk from a release without records; another namespace's is refused before) is merged:
-      every stored file is restored (a local file whose bytes differ is replaced), and the local
-      files the store lacks stay, to be mirrored.
-    * ``older`` (not ``held``: its record is this namespace's, but the store holds a later
-      generation, so the disk is an older copy): merged like a disk without a record, so that it
-      never rolls the store back.
-    * ``cut_short`` (an earlier restore into the root never finished): the files there are a
-      fragment of the stored state, not the truth, so ``auto`` restores the root again. (With
-      ``skip`` the sync daemon keeps the root's stored files from being deleted instead.)
-
-    ``owned`` in the decision: once the restore ends the disk holds what the store holds of the
-    root (or the store holds nothing of it), so the root is this namespace's from then on.
-    """
-    if mode == "skip":
-        return RootDecision(root_name, False, "restore disabled", owned=not cut_short and (held or stored == 0))
-    if stored == 0:
-        return RootDecision(root_name, False, "nothing stored", owned=True)
-    if mode == "force":
-        return RootDecision(root_name, True, "forced", owned=True)
-    if cut_short:
-        return RootDecision(root_name, True, "an earlier restore into this root was cut short: restoring it again",
-                            owned=True)
-    if not local_has_files:
-        return RootDecision(root_name, True, "root is empty: filling it from the store", owned=True)
-    if held:
-        return RootDecision(root_name, False, "root holds files this namespace mirrored: the disk is the truth",
-                            owned=True)
-    if older:
-        return RootDecision(root_name, True, "root holds files of an older generation of this namespace than the "
-                                             "store holds (a copy of its disk taken earlier): merging from the store",
-                            merge=True, owned=True)
-    return RootDecision(root_name, True, "root holds files but no record that this namespace filled it: "
-                                         "merging from the store", merge=True, owned=True)
-
-
-def may_restore(local_has_files: bool, mode: str, cut_short: bool = False, held: bool = False) -> bool:
-    """Whether :func:`decide_restore` restores the root if anything is stored for it: what the
-    disk alone says, before the listing has ended."""
-    return decide_restore("", local_has_files, 1, mode, cut_short, held).restore
-
-
-@dataclass
 class Status:
     in_sync: list[str] = field(default_factory=list)
     pending_upload: list[str] = field(default_factory=list)  # on disk, not (or stale) in the store

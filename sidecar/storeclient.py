@@ -1,5 +1,7 @@
 """The store client for a command's settings: the one place the sidecar makes a store from
-(:func:`sidecar.store.make_store` is called nowhere else)."""
+(:func:`sidecar.store.make_store` is called nowhere else); and what a command says when the store
+is not where it looks (:func:`missing`, :func:`say_if_missing`), or holds, elsewhere than this
+namespace, state an older release kept (:func:`report_legacy_state`)."""
 
 from __future__ import annotations
 
@@ -68,3 +70,78 @@ async def missing(store: Store) -> str | None:
     if await store.exists():
         return None
     return f"the store {store.description} is not there: check SIDECAR_STORE"
+
+
+async def say_if_missing(store: Store) -> None:
+    """A plain ``restore`` that found nothing: when the store itself is not there, one warning line
+    naming it. Not an error: an init container's restore on a new deployment runs before the first
+    ``sync`` or ``run`` creates the store (the Azure container; a directory store on a container
+    platform is refused before this, exit 2), so it starts empty; a typo in ``SIDECAR_STORE`` is
+    said all the same."""
+    from sidecar.store.base import StoreError
+
+    try:
+        there = await store.exists()
+    except StoreError as e:
+        log.debug("store_exists_check_failed", error=str(e))
+        return
+    if not there:
+        log.warning("store_not_there", store=store.description,
+                    detail="the store does not exist yet: nothing was restored and nothing was created; the first "
+                           "sync or run creates it. Check SIDECAR_STORE unless this is a first start")
+
+
+async def report_legacy_state(settings: Settings, roots: list[Root], namespace_empty: bool | None) -> None:
+    """After the restore step: when this compute's namespace (``namespace_empty``, as the restore
+    listed it) and its roots are empty, look once where a release without namespaces kept the
+    state (the top of ``SIDECAR_PREFIX``) and say how to adopt what is there: state must not be
+    abandoned silently by an upgrade. Reads a store of its own, read-only. Never fails."""
+    import anyio.to_thread
+
+    from sidecar.localfs import has_regular_files
+    from sidecar.paths import LINEAGE_FILE
+    from sidecar.store.base import StoreError
+
+    ns = settings.namespace
+    if ns.legacy is None or not namespace_empty:
+        return
+    empty = [r for r in roots if not await anyio.to_thread.run_sync(has_regular_files, r.path, settings.ignore_rules)]
+    if not empty:
+        return  # the host has its state (being adopted into this namespace, say)
+
+    found: list[str] = []
+    try:
+        legacy = store_at(settings, ns.legacy, concurrency=settings.concurrency)  # only looked at
+    except ValueError:
+        return
+    try:
+        await legacy.open()
+        for root in empty:
+            async for _info in legacy.list(root.name + "/"):
+                found.append(root.name)
+                break
+    except StoreError as e:
+        log.debug("legacy_state_check_failed", error=str(e))
+    finally:
+        with anyio.CancelScope(shield=True):
+            await legacy.aclose()
+    if found and ns.project:
+        import shlex
+
+        log.warning(
+            "legacy_state_found", at="the top of the store", roots=",".join(found), namespace=ns.path,
+            detail=(f"the default store is shared by every project on this machine, and keeps each in a namespace "
+                    f"of its own; state stored before that is at its top, and this project's namespace {ns.path} "
+                    f"({ns.project}) is empty. If that state is this project's, restore it once explicitly, naming "
+                    f"the store: SIDECAR_STORE={shlex.quote(str(settings.store))} checkpoint-sidecar restore; "
+                    "run or sync then mirrors it into this namespace (docs/NAMESPACES.md)"))
+    elif found:
+        where = ns.legacy or "the top of the store"
+        log.warning(
+            "legacy_state_found", at=where, roots=",".join(found), namespace=ns.path,
+            detail=(f"state stored without a session namespace is at {where}, and this compute's namespace "
+                    f"{ns.path} is empty. If that state is this session's, restore it once explicitly: "
+                    f"SIDECAR_PREFIX='{ns.legacy}' SIDECAR_SESSION_NAMESPACE=off checkpoint-sidecar restore; "
+                    f"then remove the record naming the old place (rm {' '.join(n + '/' + LINEAGE_FILE for n in found)}: "
+                    "a root another namespace recorded is refused); sync then mirrors it into this namespace "
+                    "(docs/NAMESPACES.md)"))

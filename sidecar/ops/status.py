@@ -18,7 +18,7 @@ from sidecar.config import Settings
 from sidecar.errors import EXIT_FAIL, EXIT_OK, fail
 from sidecar.listing import list_store
 from sidecar.localfs import Gaps, scan_root
-from sidecar.paths import IgnoreRules, Root
+from sidecar.paths import Root
 from sidecar.plan import plan_status
 from sidecar.store.base import Store, StoreError
 from sidecar.storeclient import missing, open_store
@@ -52,7 +52,7 @@ async def report(settings: Settings, roots: list[Root], store: Store) -> dict[st
     """The status report (the ``--json`` form). Raises StoreError when the store cannot be read."""
     await store.open()
     listing = await list_store(store, roots)
-    ignore = IgnoreRules(settings.ignore)
+    ignore = settings.ignore_rules
     ns = settings.namespace
     out: dict[str, Any] = {"store": store.description, "prefix": ns.path, "identity": ns.identity,
                            "roots": {}, "in_sync": True}

@@ -119,7 +119,7 @@ class _Restore(Objects):
 async def restore(store: Store, roots: list[Root], *, mode: str = "auto", concurrency: int = 16,
                   deadline: float = 0.0, on_corrupt: str = "fail", max_file_size: int = 2**63, namespace: str = "",
                   ignore: IgnoreRules | None = None, marker_generation: int = 0) -> tuple[Listing, RestoreResult]:
-    """Restore by the rule (:func:`sidecar.plan.decide_restore`) while the store is listed; the
+    """Restore by the rule (:func:`~sidecar.restore.plan.decide_restore`) while the store is listed; the
     listing (the store's content, for mirroring) and what was restored. A listing or bundle read
     that fails transiently is retried until ``deadline`` (monotonic; by default not at all). An
     object whose bytes do not match their recorded sha256 fails the restore (``on_corrupt="fail"``)

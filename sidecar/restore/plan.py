@@ -1,8 +1,8 @@
 """The restore's decisions, apart from its I/O (the rest of :mod:`sidecar.restore` applies them,
 calling them through this module): which roots may be filled, what each stored file becomes and
 where its bytes come from (its object, its root's bundle, a restore point), which roots are
-restored once the listing has ended, and what is recorded on disk afterwards. Pure; the rule per
-root is :func:`sidecar.plan.decide_restore`.
+restored once the listing has ended (the rule per root: :func:`decide_restore`), and what is
+recorded on disk afterwards. Pure.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from typing import Callable, Iterable, Mapping, Protocol, Sequence, TypeVar
 from urllib.parse import urlsplit
 
 from sidecar.paths import LINEAGE_FILE
-from sidecar.plan import RootDecision, decide_restore
 from sidecar.restorefs import Lineage
 from sidecar.store.base import VERSION_COUNTER_BITS, ObjectInfo, ObjectMeta
 
@@ -46,9 +45,72 @@ class Candidates:
     merging: frozenset[str]
 
 
+@dataclass
+class RootDecision:
+    name: str
+    restore: bool
+    reason: str
+    #: restored by merging: the stored files are brought in beside the disk's own (see decide_restore)
+    merge: bool = False
+    #: once the restore has ended, the root is this namespace's disk: its lineage record says so
+    owned: bool = False
+
+
+def decide_restore(root_name: str, local_has_files: bool, stored: int, mode: str,
+                   cut_short: bool = False, held: bool = False, older: bool = False) -> RootDecision:
+    """The restore rule. ``mode`` is ``auto``, ``force`` or ``skip``. ``held``: the root carries
+    the lineage record of this store and namespace (they filled or mirrored it: the same disk).
+
+    * ``skip``: never restore.
+    * ``force``: restore every stored file, replacing local copies.
+    * ``auto``: a root with no regular files (fresh compute; empty placeholder directories count as
+      empty) is filled from the store. A root that holds files is the truth only when ``held``: it
+      is left alone, and ``sync`` then makes the store match it, so pruned checkpoints never come
+      back. A root that holds files but not this namespace's record (a fresh compute's image, a
+      disk from a release without records; another namespace's is refused before) is merged:
+      every stored file is restored (a local file whose bytes differ is replaced), and the local
+      files the store lacks stay, to be mirrored.
+    * ``older`` (not ``held``: its record is this namespace's, but the store holds a later
+      generation, so the disk is an older copy): merged like a disk without a record, so that it
+      never rolls the store back.
+    * ``cut_short`` (an earlier restore into the root never finished): the files there are a
+      fragment of the stored state, not the truth, so ``auto`` restores the root again. (With
+      ``skip`` the sync daemon keeps the root's stored files from being deleted instead.)
+
+    ``owned`` in the decision: once the restore ends the disk holds what the store holds of the
+    root (or the store holds nothing of it), so the root is this namespace's from then on.
+    """
+    if mode == "skip":
+        return RootDecision(root_name, False, "restore disabled", owned=not cut_short and (held or stored == 0))
+    if stored == 0:
+        return RootDecision(root_name, False, "nothing stored", owned=True)
+    if mode == "force":
+        return RootDecision(root_name, True, "forced", owned=True)
+    if cut_short:
+        return RootDecision(root_name, True, "an earlier restore into this root was cut short: restoring it again",
+                            owned=True)
+    if not local_has_files:
+        return RootDecision(root_name, True, "root is empty: filling it from the store", owned=True)
+    if held:
+        return RootDecision(root_name, False, "root holds files this namespace mirrored: the disk is the truth",
+                            owned=True)
+    if older:
+        return RootDecision(root_name, True, "root holds files of an older generation of this namespace than the "
+                                             "store holds (a copy of its disk taken earlier): merging from the store",
+                            merge=True, owned=True)
+    return RootDecision(root_name, True, "root holds files but no record that this namespace filled it: "
+                                         "merging from the store", merge=True, owned=True)
+
+
+def may_restore(local_has_files: bool, mode: str, cut_short: bool = False, held: bool = False) -> bool:
+    """Whether :func:`decide_restore` restores the root if anything is stored for it: what the
+    disk alone says, before the listing has ended."""
+    return decide_restore("", local_has_files, 1, mode, cut_short, held).restore
+
+
 def holds(record: Lineage | None, lineage: Lineage, marker_generation: int) -> bool:
     """Whether a root whose lineage record is ``record`` is held (the truth, see
-    :func:`~sidecar.plan.decide_restore`) by a sidecar of ``lineage``, when the namespace's owner
+    :func:`decide_restore`) by a sidecar of ``lineage``, when the namespace's owner
     marker was at ``marker_generation`` before the restore: the same store and namespace, and a
     generation no older than the marker's. A disk that holds an older state of this namespace (a
     copy taken earlier, a node's disk another compute of the session moved on from) is not, nor is

@@ -13,10 +13,10 @@ import anyio.abc
 from sidecar.listing import Listing
 from sidecar.localfs import ByteBudget, root_failure
 from sidecar.paths import Root
-from sidecar.plan import RootDecision, ShapeConflicts
+from sidecar.plan import ShapeConflicts
 from sidecar.restore import plan
 from sidecar.restore.place import BatchWriter, Placer
-from sidecar.restore.plan import Disk, pending_held
+from sidecar.restore.plan import Disk, RootDecision, pending_held
 from sidecar.restore.points import PointFeed
 from sidecar.restore.progress import Progress
 from sidecar.restorefs import mark_restoring

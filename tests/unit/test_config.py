@@ -187,7 +187,8 @@ SERVICE_LINKS = {
 def test_kubelet_service_links_are_not_settings(tmp_path):
     """A Service named ``sidecar`` puts SIDECAR_SERVICE_HOST, SIDECAR_PORT... into every
     container of its namespace: the typo check exited 2 in every pod."""
-    from sidecar.config import VARIABLES, is_service_link, unknown_variables
+    from sidecar.config import VARIABLES, unknown_variables
+    from sidecar.platformenv import is_service_link
 
     env = {**SERVICE_LINKS, "SIDECAR_STORE": str(tmp_path / "s"), "KUBERNETES_SERVICE_HOST": "10.0.0.1"}
     assert unknown_variables(env) == []
@@ -218,7 +219,7 @@ def test_a_service_link_name_with_a_value_kubelet_never_writes_is_a_typo(variabl
 
 
 def test_service_links_of_every_kubelet_shape_are_accepted_by_value():
-    from sidecar.config import is_service_link
+    from sidecar.platformenv import is_service_link
 
     links = {**SERVICE_LINKS, "SIDECAR_PORT_53_UDP": "udp://10.0.0.7:53", "SIDECAR_PORT_53_UDP_PROTO": "udp",
              "SIDECAR_HTTP_PORT": "tcp://10.0.0.9:8080",  # a Service named sidecar-http
@@ -228,7 +229,8 @@ def test_service_links_of_every_kubelet_shape_are_accepted_by_value():
 
 
 def test_no_setting_under_the_prefixes_foundry_reserves():
-    from sidecar.config import RESERVED_PREFIXES, VARIABLES
+    from sidecar.config import VARIABLES
+    from sidecar.platformenv import RESERVED_PREFIXES
 
     assert RESERVED_PREFIXES == ("FOUNDRY_", "AGENT_")
     assert [v for v in VARIABLES if v.startswith(RESERVED_PREFIXES) or not v.startswith("SIDECAR_")] == []

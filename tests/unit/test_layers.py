@@ -14,7 +14,7 @@ from pathlib import Path
 
 SIDECAR = Path(__file__).resolve().parents[2] / "sidecar"
 #: A module longer than this is split along its concepts.
-MAX_MODULE_LINES = 700
+MAX_MODULE_LINES = 600
 
 #: Top first. A new module gets a line here (the test says so); ``store.*`` backends are the store's;
 #: each module of the packages ``restore``, ``ops`` and ``points`` has its own.
@@ -28,8 +28,8 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("mirroring", {"hints", "listing", "ops.namespaces", "points.writer", "snapshot", "watcher", "writer"}),
     ("store access", {"fence", "marker", "ops.sessionplan", "ops.verifyplan", "retry", "storeclient", "takeover"}),
     ("state and pure rules", {"health", "known", "plan", "points.format", "points.plan", "queue", "restore.plan"}),
-    ("foundation", {"config", "configtypes", "errors", "localfs", "log", "metrics", "namespace", "paths", "restorefs",
-                    "store", "tarstream"}),
+    ("foundation", {"config", "configtypes", "errors", "localfs", "log", "metrics", "namespace", "paths", "platformenv",
+                    "restorefs", "store", "tarstream"}),
 ]
 
 
@@ -129,8 +129,7 @@ def test_no_module_is_longer_than_the_limit():
     assert not long, f"modules of sidecar/ longer than {MAX_MODULE_LINES} lines: {long}"
 
 
-#: Modules still making a store of their own; each is to go through ``storeclient`` (daemon: the
-#: legacy check of report_legacy_state, until it moves).
+#: Modules still making a store of their own; each is to go through ``storeclient``.
 OWN_FACTORIES: set[str] = set()
 
 

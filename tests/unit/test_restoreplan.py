@@ -9,9 +9,11 @@ from sidecar.restore.plan import (
     FileAction,
     bundle_wins,
     commits_begun_meanwhile,
+    decide_restore,
     decide_roots,
     file_action,
     holds,
+    may_restore,
     names_generated,
     plan_candidates,
     plan_finish,
@@ -20,6 +22,55 @@ from sidecar.restore.plan import (
 from sidecar.restorefs import Lineage
 
 EMPTY, HELD, FOREIGN, CUT = Disk(False, False, False), Disk(True, False, True), Disk(True, False, False), Disk(True, True, True)
+
+
+def test_restore_rule():
+    assert decide_restore("r", local_has_files=False, stored=3, mode="auto").restore
+    assert not decide_restore("r", local_has_files=True, stored=3, mode="auto", held=True).restore
+    assert decide_restore("r", local_has_files=True, stored=3, mode="force").restore
+    assert not decide_restore("r", local_has_files=False, stored=3, mode="skip").restore
+    assert not decide_restore("r", local_has_files=False, stored=0, mode="auto").restore
+
+
+def test_a_cut_short_restore_is_not_the_truth():
+    d = decide_restore("r", local_has_files=True, stored=3, mode="auto", cut_short=True)
+    assert d.restore and "cut short" in d.reason
+    assert not decide_restore("r", local_has_files=True, stored=3, mode="skip", cut_short=True).restore
+    assert not decide_restore("r", local_has_files=True, stored=0, mode="auto", cut_short=True).restore
+
+
+def test_a_disk_with_files_is_the_truth_only_when_this_namespace_holds_it():
+    held = decide_restore("r", local_has_files=True, stored=3, mode="auto", held=True)
+    assert (held.restore, held.merge, held.owned) == (False, False, True)
+    assert "the disk is the truth" in held.reason
+    # a fresh compute's image, another namespace's or store's volume, a disk of an earlier release
+    new = decide_restore("r", local_has_files=True, stored=3, mode="auto", held=False)
+    assert (new.restore, new.merge, new.owned) == (True, True, True)
+    assert new.reason == "root holds files but no record that this namespace filled it: merging from the store"
+    # an empty root is filled whatever its record says; a fill is no merge
+    for held_ in (False, True):
+        d = decide_restore("r", local_has_files=False, stored=3, mode="auto", held=held_)
+        assert (d.restore, d.merge, d.owned) == (True, False, True)
+
+
+def test_force_skip_and_the_cut_short_marker_keep_their_meaning_with_lineage():
+    for held in (False, True):
+        forced = decide_restore("r", local_has_files=True, stored=3, mode="force", held=held)
+        assert (forced.restore, forced.merge, forced.reason) == (True, False, "forced")
+        cut = decide_restore("r", local_has_files=True, stored=3, mode="auto", cut_short=True, held=held)
+        assert (cut.restore, cut.merge, cut.owned) == (True, False, True) and "cut short" in cut.reason
+    # skip restores nothing; the disk is this namespace's only when it says so (or nothing is stored)
+    assert [decide_restore("r", True, 3, "skip", held=h).owned for h in (False, True)] == [False, True]
+    assert decide_restore("r", True, 0, "skip").owned
+    assert not decide_restore("r", True, 3, "skip", cut_short=True, held=True).owned
+    # nothing stored: nothing to merge, and the disk is all there is
+    d = decide_restore("r", local_has_files=True, stored=0, mode="auto")
+    assert (d.restore, d.merge, d.owned, d.reason) == (False, False, True, "nothing stored")
+
+
+def test_may_restore_follows_the_rule_before_the_listing_ends():
+    assert may_restore(True, "auto") and not may_restore(True, "auto", held=True)
+    assert may_restore(False, "auto", held=True) and not may_restore(True, "skip")
 
 
 def test_candidates_come_from_the_disk_alone():

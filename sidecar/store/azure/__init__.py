@@ -4,6 +4,8 @@
     credentials.py  which credential signs the requests, first match wins
     errors.py       an SDK failure as one line: StoreError, TransientStoreError or NotFound
     retry.py        the SDK's retry policy on the sidecar's schedule
+    metadata.py     an object's facts on a blob: the metadata written, ObjectInfo read back; no SDK
+    upload.py       one conditional upload: Put Blob, or staged blocks and a Put Block List
     store.py        AzureBlobStore: the store rules (conditional writes, Content-MD5, listing)
 
 Only ``store.py`` and what it imports load the SDK; the URL check (:func:`parse_url`) does not.

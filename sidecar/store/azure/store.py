@@ -12,29 +12,26 @@ Every request goes through ``azure-storage-blob`` (``azure.storage.blob.aio``): 
 ``2 * concurrency`` connections (:func:`pool_size`). The URL is parsed by
 :mod:`~sidecar.store.azure.location`, the credential picked by :mod:`~sidecar.store.azure.credentials`,
 the proxy by :mod:`sidecar.store.proxy` (once per store), failures said by
-:mod:`~sidecar.store.azure.errors`, requests retried by :mod:`~sidecar.store.azure.retry`.
+:mod:`~sidecar.store.azure.errors`, requests retried by :mod:`~sidecar.store.azure.retry`; an
+object's metadata written and read back by :mod:`~sidecar.store.azure.metadata`, one conditional
+upload made by :mod:`~sidecar.store.azure.upload`.
 ``docs/AZURE-STORE.md`` gives the reasons.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import dataclasses
 import hashlib
 import itertools
 import os
-import re
-from datetime import datetime
 from email.utils import parsedate_to_datetime
 from typing import Any, AsyncIterator, Callable, Mapping
 from urllib.parse import urlsplit
 
 import aiohttp
 from azure.core import MatchConditions
-from azure.core.exceptions import AzureError, HttpResponseError, ResourceExistsError, ResourceModifiedError, ResourceNotFoundError
+from azure.core.exceptions import AzureError, ResourceExistsError, ResourceModifiedError, ResourceNotFoundError
 from azure.core.pipeline.transport import AioHttpTransport
-from azure.storage.blob import ContentSettings
 from azure.storage.blob.aio import BlobServiceClient, ContainerClient
 
 from sidecar import log
@@ -42,7 +39,9 @@ from sidecar.paths import MAX_KEY_BYTES, UnsafeKey, validate_relpath
 from sidecar.store.azure.credentials import Credentials, pick_credentials
 from sidecar.store.azure.errors import Where, error_code, store_error
 from sidecar.store.azure.location import BlobLocation
+from sidecar.store.azure.metadata import blob_metadata, listed, object_info, quoted_etag
 from sidecar.store.azure.retry import Retry
+from sidecar.store.azure.upload import Conflict, put_blob
 from sidecar.store.base import (
     CHUNK_BYTES,
     NotFound,
@@ -55,15 +54,6 @@ from sidecar.store.base import (
     supersedes,
 )
 from sidecar.store.proxy import proxy_for
-
-# Metadata names must be valid C# identifiers; Azure treats them case-insensitively.
-META_SHA256 = "sidecar_sha256"
-META_MTIME = "sidecar_mtime_ns"
-META_MODE = "sidecar_mode"
-META_VERSION = "sidecar_version"
-
-#: Mode reported for blobs that carry no sidecar metadata (written by something else).
-FOREIGN_MODE = 0o600
 
 #: How often put re-reads and retries when concurrent writers keep changing the blob.
 MAX_CONFLICT_ROUNDS = 8
@@ -79,8 +69,6 @@ MAX_SINGLE_PUT_SIZE = 8 * 1024 * 1024
 #: Connections per operation in flight (see :func:`pool_size`).
 POOL_PER_OPERATION = 2
 
-_SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
-
 
 def pool_size(concurrency: int) -> int:
     """The connection pool of a store running ``concurrency`` operations at once: one connection
@@ -88,31 +76,6 @@ def pool_size(concurrency: int) -> int:
     restore's downloads, the owner marker, a bundle staged in parallel blocks). The default
     ``SIDECAR_CONCURRENCY`` of 16 gives 32."""
     return max(1, concurrency) * POOL_PER_OPERATION
-
-
-def _quoted_etag(etag: str | None) -> str | None:
-    """ETags as the service sends them in headers (quoted); listings give them bare."""
-    if not etag:
-        return None
-    return etag if etag.startswith(('"', 'W/"')) else f'"{etag}"'
-
-
-def _version(value: str | None) -> int:
-    """A blob's ``sidecar_version``; 0 when missing or malformed (written by something else)."""
-    try:
-        number = int(value or 0)
-    except (TypeError, ValueError):
-        return 0
-    return number if 0 <= number < 2**63 else 0
-
-
-def _http_date_ns(value: datetime | None) -> int:
-    """Nanoseconds since the epoch of a ``Last-Modified``; 0 when absent."""
-    return int(value.timestamp() * 1_000_000_000) if value is not None else 0
-
-
-class _Conflict(Exception):
-    """A conditional write found the blob changed (412) or present (409 BlobAlreadyExists)."""
 
 
 class AzureBlobStore:
@@ -236,94 +199,9 @@ class AzureBlobStore:
             raise StoreError(f"refusing key {key[:60]!r}...: blob name longer than {MAX_KEY_BYTES} bytes")
         return name
 
-    def _info(self, key: str, size: int, metadata: Mapping[str, str] | None, etag: str | None,
-              last_modified: datetime | None) -> ObjectInfo:
-        md = {k.lower(): v for k, v in (metadata or {}).items()}
-        etag = _quoted_etag(etag)
-        version = _version(md.get(META_VERSION))
-        modified = last_modified.timestamp() if last_modified is not None else None
-        try:
-            sha = md[META_SHA256]
-            if _SHA256_RE.match(sha):
-                mtime = int(md[META_MTIME])
-                return ObjectInfo(key, size, sha, mtime if 0 <= mtime < 2**63 else 0, int(md[META_MODE], 8) & 0o7777,
-                                  etag, version, modified)
-        except (KeyError, ValueError, TypeError):
-            pass
-        return ObjectInfo(key, size, None, _http_date_ns(last_modified), FOREIGN_MODE, etag, version, modified)
-
     def _error(self, e: BaseException, doing: str) -> StoreError:
         """One clear, secret-free line for a failed operation (:func:`~sidecar.store.azure.errors.store_error`)."""
         return store_error(e, doing, self._where, self._opened)
-
-    async def _put_blob(self, name: str, data: "bytes | Source", md5: bytes, metadata: dict[str, str],
-                        etag: str | None, staged: bool = False) -> str | None:
-        """Upload one blob, conditional on ``etag`` (``If-Match``) or on its absence
-        (``If-None-Match: *``); returns the new ETag, raises :class:`_Conflict` when the
-        condition fails. ``md5`` is recorded as the blob's Content-MD5; the SDK sends the
-        transactional Content-MD5 of each request (``validate_content``), which the service checks.
-        ``staged``: bytes go up as staged blocks and one conditional Put Block List instead of a
-        Put Blob (see :meth:`_commit_blocks`)."""
-        blob = self._container_client().get_blob_client(name)
-        condition: dict[str, Any] = ({"etag": etag, "match_condition": MatchConditions.IfNotModified} if etag
-                                     else {"match_condition": MatchConditions.IfMissing})
-        if staged and isinstance(data, bytes):
-            return await self._commit_blocks(blob, data, md5, metadata, condition)
-        try:
-            # a Source is streamed in blocks and committed only after its last chunk checked out
-            body, length = (data, len(data)) if isinstance(data, bytes) else (data.chunks(), data.size)
-            response = await blob.upload_blob(
-                body, length=length, overwrite=True, metadata=metadata, validate_content=True,
-                content_settings=ContentSettings(content_type="application/octet-stream", content_md5=bytearray(md5)),
-                max_concurrency=4 if isinstance(data, bytes) else 1, **condition,
-            )
-        except ResourceModifiedError:
-            raise _Conflict() from None  # 412: someone else wrote it
-        except ResourceExistsError as e:
-            if error_code(e) != "BlobAlreadyExists":
-                raise
-            raise _Conflict() from None  # 409: someone else made it
-        except HttpResponseError as e:
-            if error_code(e) != "InvalidBlockList":
-                raise
-            raise _Conflict() from None  # another writer committed while we staged blocks
-        return response.get("etag")
-
-    async def _commit_blocks(self, blob: Any, data: bytes, md5: bytes, metadata: dict[str, str],
-                             condition: dict[str, Any]) -> str | None:
-        """Write ``data`` as staged blocks and one conditional Put Block List, which replaces
-        whatever uncommitted blocks the blob holds. For a blob that holds only the uncommitted
-        blocks of a dead upload (a sidecar killed while streaming): Azure counts it as absent,
-        but Azurite answers a Put Blob with ``If-None-Match: *`` there with 409
-        ``BlobAlreadyExists``, while its Put Block List honours the condition. The new block ids
-        take the length of the ones already staged (the service requires one length per blob)."""
-        try:
-            _, uncommitted = await blob.get_block_list("uncommitted")
-            width = len(uncommitted[0].id) if uncommitted else 0
-            if not (width and width % 4 == 0 and 8 <= width <= 88):  # base64 of 6..64 bytes
-                width = 64  # the SDK's own: base64 of 48 digits
-            ids: list[str] = []
-            view = memoryview(data)
-            for start in range(0, len(data), CHUNK_BYTES):
-                ids.append(base64.b64encode(os.urandom(width * 3 // 4)).decode())
-                piece = view[start:start + CHUNK_BYTES]
-                await blob.stage_block(ids[-1], bytes(piece), length=len(piece), validate_content=True)
-            response = await blob.commit_block_list(
-                ids, metadata=metadata,
-                content_settings=ContentSettings(content_type="application/octet-stream", content_md5=bytearray(md5)),
-                **condition,
-            )
-        except ResourceModifiedError:
-            raise _Conflict() from None
-        except ResourceExistsError as e:
-            if error_code(e) != "BlobAlreadyExists":
-                raise
-            raise _Conflict() from None  # committed by another writer meanwhile
-        except HttpResponseError as e:
-            if error_code(e) not in ("InvalidBlockList", "InvalidBlobOrBlock"):
-                raise
-            raise _Conflict() from None  # another writer's blocks replaced ours meanwhile
-        return response.get("etag")
 
     async def _page(self, start: str, token: str | None, size: int) -> tuple[list[Any], str | None]:
         """One page of the listing (blob properties with metadata) and the token of the next."""
@@ -333,18 +211,10 @@ class AzureBlobStore:
         page = await pages.__anext__()
         return [props async for props in page], pages.continuation_token or None  # type: ignore[attr-defined]
 
-    def _listed(self, props: Any, start: str, cut: int) -> ObjectInfo | None:
-        name = props.name
-        if not name.startswith(start) or name.endswith("/"):
-            return None  # directory placeholders (hierarchical namespace accounts)
-        md = props.metadata or {}
-        if str(md.get("hdi_isfolder", "")).lower() == "true":
-            return None
-        info = self._info(name[cut:], props.size, md, props.etag, props.last_modified)
-        lease = getattr(props, "lease", None)
-        if lease is not None and str(getattr(lease, "status", "")).lower() == "locked":
-            return dataclasses.replace(info, leased=True)
-        return info
+    async def _put_blob(self, name: str, data: "bytes | Source", md5: bytes, metadata: dict[str, str],
+                        etag: str | None, staged: bool = False) -> str | None:
+        """One conditional upload of blob ``name`` (:func:`~sidecar.store.azure.upload.put_blob`)."""
+        return await put_blob(self._container_client().get_blob_client(name), data, md5, metadata, etag, staged)
 
     # -- interface -----------------------------------------------------------------------------
     async def open(self) -> None:
@@ -390,8 +260,7 @@ class AzureBlobStore:
         """
         name = self._name(key)
         self._first_page = None  # a listing from before this write must not be served after it
-        metadata = {META_SHA256: meta.sha256, META_MTIME: str(meta.mtime_ns), META_MODE: format(meta.mode & 0o7777, "o"),
-                    META_VERSION: str(meta.version)}
+        metadata = blob_metadata(meta)
         etag = expected.etag if expected is not None else None
         if expected is None:
             read_first = bool(if_version)  # a swap against an object not known: look first
@@ -405,11 +274,11 @@ class AzureBlobStore:
                 if wrote:
                     try:
                         new_etag = await self._put_blob(name, data, md5, metadata, etag, staged)
-                    except _Conflict:
+                    except Conflict:
                         pass
                     else:
                         return ObjectInfo(key, meta.size, meta.sha256, meta.mtime_ns, meta.mode & 0o7777,
-                                          _quoted_etag(new_etag), meta.version)
+                                          quoted_etag(new_etag), meta.version)
                 read_first = False
                 # Conflict (or a belief to check): read what is there now, once, and decide.
                 try:
@@ -423,7 +292,7 @@ class AzureBlobStore:
                     staged = staged or (wrote and etag is None)
                     etag = None  # deleted meanwhile: write it if still absent
                     continue
-                current = self._info(key, props.size, props.metadata, props.etag, props.last_modified)
+                current = object_info(key, props.size, props.metadata, props.etag, props.last_modified)
                 if if_version is not None and current.version != if_version:
                     return current  # changed since it was read: the swap is refused
                 if supersedes(current, meta.version):
@@ -445,12 +314,12 @@ class AzureBlobStore:
         props = downloader.properties
         if props.size is not None and props.size != len(data):
             raise self._cut_short(key)
-        return data, self._info(key, len(data), props.metadata, props.etag, props.last_modified)
+        return data, object_info(key, len(data), props.metadata, props.etag, props.last_modified)
 
     async def get_stream(self, key: str, read_ahead: int = 0) -> Stream:
         downloader = await self._download(key)
         props = downloader.properties
-        info = self._info(key, props.size, props.metadata, props.etag, props.last_modified)
+        info = object_info(key, props.size, props.metadata, props.etag, props.last_modified)
         if read_ahead > 0 and props.size > CHUNK_BYTES:
             return Stream(info, self._ranges(key, downloader, read_ahead))
 
@@ -535,7 +404,7 @@ class AzureBlobStore:
                 items, token = self._first_page  # fetched by open() just before
                 self._first_page = None
                 for props in items:
-                    if (info := self._listed(props, start, cut)) is not None:
+                    if (info := listed(props, start, cut)) is not None:
                         yield info
                 if token is None:
                     return
@@ -544,7 +413,7 @@ class AzureBlobStore:
             ).by_page(continuation_token=token)
             async for page in pages:
                 async for props in page:
-                    if (info := self._listed(props, start, cut)) is not None:
+                    if (info := listed(props, start, cut)) is not None:
                         yield info
         except ResourceNotFoundError as e:
             if self.create or error_code(e) != "ContainerNotFound":
@@ -590,7 +459,7 @@ class AzureBlobStore:
         blob = self._container_client().get_blob_client(name)
         try:
             props = await blob.get_blob_properties()
-            if self._info(key, props.size, props.metadata, props.etag, props.last_modified).version != version:
+            if object_info(key, props.size, props.metadata, props.etag, props.last_modified).version != version:
                 return False
             await blob.delete_blob(delete_snapshots="include", etag=props.etag,
                                    match_condition=MatchConditions.IfNotModified)
