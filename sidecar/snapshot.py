@@ -72,7 +72,7 @@ def bundle_key(root_name: str) -> str:
 
 
 @dataclass(frozen=True)
-class Change:
+class Change(tarstream.HeaderEntry):
     """One file of a batch: written (``meta``, and its bytes in ``data``, held or as a
     :class:`~sidecar.localfs.FileSource` streamed from the disk) or deleted (``meta`` None). A
     bundle's header gives written changes without their bytes (``data`` None)."""
@@ -80,16 +80,6 @@ class Change:
     key: str
     data: bytes | FileSource | None
     meta: ObjectMeta | None  # None: deleted
-
-    @property
-    def deleted(self) -> bool:
-        return self.meta is None
-
-    @property
-    def written(self) -> ObjectMeta:
-        """The metadata of a change that writes."""
-        assert self.meta is not None, f"{self.key} is a deletion"
-        return self.meta
 
 
 # -- the bundle format ------------------------------------------------------------------------

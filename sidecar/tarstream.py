@@ -21,7 +21,7 @@ from typing import AsyncIterator, Callable, Iterable, Iterator, Protocol
 import anyio.to_thread
 
 from sidecar.localfs import Unstable
-from sidecar.store.base import CHUNK_BYTES
+from sidecar.store.base import CHUNK_BYTES, ObjectMeta
 
 BLOCK = tarfile.BLOCKSIZE
 #: An archive's header is read and parsed whole, so it is bounded: a header longer than this, or
@@ -40,6 +40,24 @@ class Streamed(Protocol):
     bytes expected."""
 
     def iter_sync(self) -> Iterator[bytes]: ...
+
+
+class HeaderEntry:
+    """What a bundle's or a point's header lists per key: written (``meta``) or deleted (``meta``
+    None). Mixed into their dataclasses, which declare the fields."""
+
+    key: str
+    meta: ObjectMeta | None
+
+    @property
+    def deleted(self) -> bool:
+        return self.meta is None
+
+    @property
+    def written(self) -> ObjectMeta:
+        """The metadata of an entry that writes."""
+        assert self.meta is not None, f"{self.key} is a deletion"
+        return self.meta
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from sidecar.store.base import OWN_NAMESPACE, ObjectMeta
 from sidecar.tarstream import (
     MAX_ENTRIES,
     MAX_HEADER_BYTES,
+    HeaderEntry,
     Member,
     Streamed,
     TarReader,
@@ -107,21 +108,12 @@ def parse_point_key(key: str) -> PointName | None:
 
 # -- the header -------------------------------------------------------------------------------
 @dataclass(frozen=True)
-class PointEntry:
+class PointEntry(HeaderEntry):
     """A file of a point (``meta``: size, sha256, mtime_ns, mode and the per-file object's
     ``version``) or, in an incremental point, a deletion (``meta`` None)."""
 
     key: str
     meta: ObjectMeta | None
-
-    @property
-    def deleted(self) -> bool:
-        return self.meta is None
-
-    @property
-    def written(self) -> ObjectMeta:
-        assert self.meta is not None, f"{self.key} is a deletion"
-        return self.meta
 
 
 @dataclass(frozen=True)
