@@ -37,7 +37,7 @@ from sidecar.paths import IgnoreRules, Root, is_within
 from sidecar.plan import plan_reconcile_queue, plan_root_keep
 from sidecar.restore.latest import RestoreResult, check_foreign, lineage_of, record_lineage, restore
 from sidecar.restore.plan import holds
-from sidecar.restorefs import lineage_recorded, read_lineage, restore_cut_short
+from sidecar.restorefs import lineage_recorded, read_lineage, restore_cut_short, write_lineage
 from sidecar.retry import STARTUP_RETRY_SECONDS, reported_wait, retry_transient
 from sidecar.store.base import Store, StoreError
 
@@ -106,6 +106,7 @@ class Daemon:
         #: marker's generation until our claim, ours after it
         self.lineage = lineage_of(store, settings.namespace.path)
         self._built = False
+        self._version_unrecorded = log.Once()  # roots whose record's version could not be raised
 
     @property
     def known(self) -> StoreState:
@@ -167,7 +168,7 @@ class Daemon:
             known=StoreState.from_listing(listing, self.snapshot_roots), restored=result,
             namespace_empty=not listing.objects and not listing.bundles and not listing.unsafe,
             stored_max_version=listing.max_version, marker_generation=result.generation, taken=taken)
-        self.lineage = lineage_of(self.store, ns.path, result.generation)
+        self.lineage = lineage_of(self.store, ns.path, result.generation, listing.own_max_version)
         if startup.namespace_empty and not taken.marker and not taken.pruned:
             log.info("namespace_empty", namespace=ns.describe(), detail="the store holds nothing in this namespace (a "
                      "new session, or one pruned after it ended): starting empty")
@@ -218,6 +219,7 @@ class Daemon:
                       floor=start.stored_max_version, taken=start.taken, interval=s.heartbeat_interval,
                       store_url=s.store)
         self.writer = Writer(self.store, fence)
+        self.writer.on_version = self._raise_recorded_version
         self.takeover = TakeoverCheck(self.writer, self._relist_after_takeover)
         self.uploader = Uploader(self.writer, self.roots, self.ignore, start.known, concurrency=s.concurrency,
                                  max_file_size=s.max_file_size, snapshot_roots=self.snapshot_roots,
@@ -286,13 +288,35 @@ class Daemon:
         if generation is None:
             return
         held = self.lineage
-        self.lineage = lineage_of(self.store, held.namespace, generation)
+        self.lineage = lineage_of(self.store, held.namespace, generation, held.version)
         with anyio.CancelScope(shield=True):  # a few tiny writes: a shutdown right after the claim still gets them
             for root in self.roots:
                 if root.name in self.ledger.incomplete:
                     continue
                 if holds(await anyio.to_thread.run_sync(read_lineage, root), held, self.startup.marker_generation):
                     await record_lineage(root, self.lineage)
+
+    def _raise_recorded_version(self, version: int) -> None:
+        """Before a write at ``version`` is sent: each root recorded as this namespace's disk says
+        the store may hold ``version``, so that a copy of this disk taken before the write is
+        older than the store once it lands (merged on a start, never the truth). On the event loop,
+        not durable: a record rewritten per write costs a few syscalls; one lost to a power cut
+        only makes this disk merged."""
+        if version <= (self.lineage.version or 0):
+            return
+        self.lineage = replace(self.lineage, version=version)
+        ledger = self.ledger
+        for root in self.roots:
+            if root.name in ledger.lineage_due or root.name in ledger.incomplete or root.name in ledger.unproven \
+                    or not lineage_recorded(root):
+                continue
+            try:
+                write_lineage(root, self.lineage, durable=False)
+            except OSError as e:  # the next start merges this root: nothing is lost
+                if self._version_unrecorded.first(root.name):
+                    log.warning("lineage_unrecorded", root=root.path, error=e.strerror or type(e).__name__,
+                                detail="the record's version could not be raised before a write: the next start "
+                                       "merges this disk with the store instead of taking it for the truth")
 
     async def _record_due(self, roots: list[Root]) -> None:
         """Record the lineage of the due roots that exist now, before anything of them is queued."""

@@ -226,12 +226,16 @@ def save_kept(root: Root, keys: set[str]) -> None:
 @dataclass(frozen=True)
 class Lineage:
     """Which store and namespace a root's files came from or went to: the store's description
-    (secret-free, its prefix included), the namespace path, and the generation of the namespace's
-    state the disk holds (the owner marker's; None in a record that carries none)."""
+    (secret-free, its prefix included), the namespace path, the generation of the namespace's
+    state the disk holds (the owner marker's; None in a record that carries none), and
+    ``version``: the highest version the store can hold of what this disk's sidecar wrote or
+    restored (recorded before each write is sent; None in a record that carries none). A store
+    holding a higher version has moved on from this disk (a copy taken earlier): merged."""
 
     store: str
     namespace: str
     generation: int | None = None
+    version: int | None = None
 
 
 #: The lineage record is tiny; anything larger is not ours.
@@ -275,16 +279,21 @@ def read_lineage_why(root: Root) -> tuple[Lineage | None, str | None]:
     if not isinstance(record, dict) or not isinstance(record.get("store"), str) \
             or not isinstance(record.get("namespace"), str):
         return None, "not a lineage record (no store and namespace)"
-    generation = record.get("generation")
-    if not isinstance(generation, int) or isinstance(generation, bool) or generation < 0:
-        generation = None
-    return Lineage(record["store"], record["namespace"], generation), None
+    generation, version = (_count(record.get(name)) for name in ("generation", "version"))
+    return Lineage(record["store"], record["namespace"], generation, version), None
 
 
-def write_lineage(root: Root, lineage: Lineage) -> None:
-    """Record ``lineage`` at the top of ``root``, durably and atomically (temp file, fsync, rename,
-    directory fsync): after a crash the root carries the old record or the new, whole. The root is
-    never created: FileNotFoundError when it does not exist."""
+def _count(value: object) -> int | None:
+    """A record's whole number; None when missing or not one."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def write_lineage(root: Root, lineage: Lineage, durable: bool = True) -> None:
+    """Record ``lineage`` at the top of ``root``, atomically (temp file, rename) and, ``durable``,
+    with the file and the directory fsynced: after a crash the root carries the old record or the
+    new, whole. Not ``durable`` (a version raised before a write): a power cut may bring back the
+    record before it, which only makes the disk merged, never the truth. The root is never
+    created: FileNotFoundError when it does not exist."""
     dfd = open_root(root.path, create=False)
     try:
         tmp = RESTORE_TMP_PREFIX + secrets.token_hex(6)
@@ -294,8 +303,11 @@ def write_lineage(root: Root, lineage: Lineage) -> None:
                 record: dict[str, object] = {"store": lineage.store, "namespace": lineage.namespace}
                 if lineage.generation is not None:
                     record["generation"] = lineage.generation
+                if lineage.version is not None:
+                    record["version"] = lineage.version
                 os.write(fd, json.dumps(record).encode())
-                os.fsync(fd)
+                if durable:
+                    os.fsync(fd)
             finally:
                 os.close(fd)
             os.rename(tmp, LINEAGE_FILE, src_dir_fd=dfd, dst_dir_fd=dfd)
@@ -303,7 +315,8 @@ def write_lineage(root: Root, lineage: Lineage) -> None:
             with contextlib.suppress(OSError):
                 os.unlink(tmp, dir_fd=dfd)
             raise
-        os.fsync(dfd)
+        if durable:
+            os.fsync(dfd)
     finally:
         os.close(dfd)
 

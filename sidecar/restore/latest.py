@@ -151,8 +151,10 @@ async def restore(store: Store, roots: list[Root], *, mode: str = "auto", concur
     run.progress.finish()
     # the roots recorded now hold the namespace's state as stored: of its newest generation
     result.generation = max(marker_generation, plan.stored_generation(run.listing.own_max_version))
+    # ...and the highest version stored of it (a copy of this disk is older once anything newer is)
     await finish(plan.plan_finish(result.decisions, disk, candidates, set(run.started)), {r.name: r for r in roots},
-                 replace(lineage, generation=result.generation), result.unrecorded)
+                 replace(lineage, generation=result.generation, version=run.listing.own_max_version),
+                 result.unrecorded)
     result.files, result.bytes = run.progress.files, run.progress.bytes
     result.seconds = time.monotonic() - t0
     _report(result, merged=bool(chosen.merging) or bool(run.older and mode == "auto"))
@@ -202,7 +204,8 @@ async def _read_disk(root: Root, lineage: Lineage, ignore: IgnoreRules | None) -
     held = holds(record, lineage, lineage.generation or 0)
     return Disk(has_files=await anyio.to_thread.run_sync(has_regular_files, root.path, ignore),
                 cut_short=restore_cut_short(root), held=held,
-                generation=record.generation if held and record is not None else None)
+                generation=record.generation if held and record is not None else None,
+                version=record.version if held and record is not None else None)
 
 
 def _warn_other_lineage(root: Root, lineage: Lineage, recorded: Lineage | None) -> None:

@@ -51,8 +51,9 @@ class Objects(Bundles):
         for name in self.older:
             log.warning("lineage_older", root=self.by_name[name].path, generation=self.disk[name].generation,
                         stored_generation=stored_generation(self.listing.own_max_version),
-                        detail="this disk's record is of an older generation than the store holds (a copy taken "
-                               "before a later compute wrote): not the truth; merged, nothing stored is deleted")
+                        version=self.disk[name].version, stored_version=self.listing.own_max_version,
+                        detail="this disk's record is older than what the store holds (a copy taken before more "
+                               "was written): not the truth; merged, nothing stored is deleted")
         if self.mode != "auto":
             return
         for name in self.older:

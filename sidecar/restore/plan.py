@@ -33,6 +33,8 @@ class Disk:
     #: held by its record, but the store holds a later generation of the namespace (a copy of the
     #: disk taken earlier): merged (:func:`older_copies`)
     older: bool = False
+    #: the highest version the held root's record says the store may hold of it (None: none recorded)
+    version: int | None = None
 
 
 @dataclass(frozen=True)
@@ -133,12 +135,20 @@ def pending_held(disk: Mapping[str, Disk], mode: str) -> frozenset[str]:
 
 
 def older_copies(disk: Mapping[str, Disk], pending: Iterable[str], own_max_version: int) -> list[str]:
-    """Of the ``pending`` roots, those whose record is of an older generation than the newest the
-    store holds of this namespace's roots (``own_max_version``: their files, bundles and points):
-    a copy of the disk taken before a later compute of the namespace wrote. Not the truth: merged,
-    so that it never rolls the store back."""
+    """Of the ``pending`` roots, those older than what the store holds of this namespace's roots
+    (``own_max_version``: their files, bundles and points): a record of an older generation (a
+    copy of the disk taken before a later compute of the namespace wrote), or one whose version is
+    below the newest stored (a copy taken before this disk's own sidecar wrote more: every write
+    raises the record's version before it is sent). Not the truth: merged, so that it never rolls
+    the store back."""
     newest = stored_generation(own_max_version)
-    return [name for name in pending if (disk[name].generation or 0) < newest]
+    return [name for name in pending if (disk[name].generation or 0) < newest
+            or _below(disk[name].version, own_max_version)]
+
+
+def _below(version: int | None, stored: int) -> bool:
+    """Whether a record's ``version`` is below the ``stored`` one (a record without: never)."""
+    return version is not None and version < stored
 
 
 def store_identity(description: str) -> str:

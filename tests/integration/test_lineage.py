@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 from pathlib import Path
+from unittest.mock import ANY
 
 import pytest
 
@@ -65,10 +66,13 @@ def test_a_restore_records_its_store_and_namespace_and_the_record_is_never_mirro
     r = run_cli("restore", cwd=work, env=env)
     assert r.returncode == 0, r.stderr
     assert disk_tree(work / ".checkpoints") == STORED
-    assert record(work) == {"store": f"file://{top}", "namespace": "team/s1", "generation": 1}
+    # the version: the highest stored of what the restore placed (a copy of this disk is older once more is)
+    assert record(work) == {"store": f"file://{top}", "namespace": "team/s1", "generation": 1, "version": ANY}
+    assert record(work)["version"] > 0
     assert not (work / ".checkpoints" / RESTORE_MARKER).exists()
     sync_once(work, env)
-    assert record(work) == {"store": f"file://{top}", "namespace": "team/s1", "generation": 2}  # its claim's
+    assert record(work) == {"store": f"file://{top}", "namespace": "team/s1", "generation": 2,  # its claim's
+                            "version": ANY}
     assert not list(top.rglob(LINEAGE_FILE)), "the record was mirrored"
     assert store_tree(top) == STORED
 
@@ -84,7 +88,9 @@ def test_a_root_the_host_creates_later_is_recorded_before_its_first_upload(tmp_p
         write_atomic(work / ".checkpoints" / "c" / "1.json", b"x")
         wait_for(lambda: store_tree(tmp_path / "store") == {"c/1.json": b"x"}, 15, "the first upload", sc.log)
         # recorded with the generation of this sidecar's claim
-        assert record(work) == {"store": f"file://{tmp_path / 'store'}", "namespace": "", "generation": 1}
+        assert record(work) == {"store": f"file://{tmp_path / 'store'}", "namespace": "", "generation": 1,
+                                "version": ANY}
+        assert record(work)["version"] > 0  # raised before the upload was sent
         shutil.rmtree(work / ".checkpoints")  # the host removes the root, the record with it
         sc.wait_event("root_gone")  # a root gone as a whole is not "every file deleted"
         write_atomic(work / ".checkpoints" / "c" / "2.json", b"y")
@@ -410,7 +416,7 @@ def test_an_azure_record_names_the_container_and_no_credential(tmp_path, azurite
     work.mkdir()
     mirror(work, env, {"a.json": b"a"})
     text = (work / ".checkpoints" / LINEAGE_FILE).read_text()
-    assert json.loads(text) == {"store": f"{url}/agents/s1", "namespace": "agents/s1", "generation": 1}
+    assert json.loads(text) == {"store": f"{url}/agents/s1", "namespace": "agents/s1", "generation": 1, "version": ANY}
     assert azurite.key not in text and "AccountKey" not in text
     shutil.rmtree(work / ".checkpoints")
     write_atomic(work / ".checkpoints" / "stray.json", b"image")

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -186,3 +187,41 @@ async def test_another_sessions_volume_whose_record_cannot_be_read_is_refused(ma
     assert await stored(s2) == {}, "another session's files entered this namespace"
     assert (vol / ROOT / "s1-private.json").read_bytes() == b"s1's"
     assert "its lineage record" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("then", ["released", "held"])
+async def test_a_copy_taken_mid_session_is_merged_never_the_truth(make_store, tmp_path, then):
+    """A copy of the disk (a volume snapshot) taken while the session ran, started after the
+    session wrote more: same generation as the marker, whether released or still held, yet older
+    than the store (outside tester, round 2: it was the truth, and the checkpoints written after
+    the copy were deleted from the store). Every write raises the record's version first."""
+    store = await make_store("")
+    work, copy = tmp_path / "work", tmp_path / "copy"
+    work.mkdir()
+    s, roots = settings_for(work, "unused", restore_point_interval=0, reconcile_interval=0)
+    life = InProcess(s, roots, await make_store(""))
+
+    async def host(_: InProcess) -> None:
+        for name, then_copy in (("one.json", True), ("two.json", False), ("three.json", False)):
+            write_atomic(work / ROOT / "ctx" / name, name.encode())
+            with anyio.fail_after(30):
+                while name not in {k.rsplit("/", 1)[-1] for k in await stored(store)}:
+                    await anyio.sleep(0.01)  # a poll's pace
+            if then_copy:
+                shutil.copytree(work, copy, symlinks=True)
+
+    assert await run_sync(life, host) == 0
+    if then == "held":  # as if the session's sidecar had died without releasing the namespace
+        marker = json.loads((await store.get(OWNER_KEY))[0])
+        marker["heartbeat"] = 1.0
+        data = json.dumps(marker).encode()
+        info = (await store.get(OWNER_KEY))[1]
+        await store.put(OWNER_KEY, data, ObjectMeta.of(data, info.version, 0o600, version=info.version))
+    everything = {f"ctx/{n}": n.encode() for n in ("one.json", "two.json", "three.json")}
+    assert await stored(store) == everything
+
+    copied = await mirror(make_store, copy)
+    [d] = [d for d in copied.daemon.startup.restored.decisions if d.name == ROOT]
+    assert "the disk is the truth" not in d.reason, d
+    assert await stored(store) == everything, "the copy rolled the store back"
+    assert disk_tree(copy / ROOT) == everything  # merged: the later files restored beside the copy's
