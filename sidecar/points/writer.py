@@ -141,10 +141,11 @@ class PointWriter:
         """The committed tree now, and the keys of it carried from the last point (None: the
         uploader is busy, nothing has settled).
 
-        A file the store keeps but the disk does not hold (a kept root's, a kept key's) is not
-        written into a point from the disk; but it is not deleted either: the entry the last point
-        has for it is carried, so that no point records as deleted what the store still holds (a
-        restore of that point, then a sidecar taking its disk for the truth, would delete it)."""
+        A file the store keeps but the disk does not hold as stored (a kept root's, a kept key's, a
+        skipped one's) is not written into a point from the disk; but it is not deleted either: the
+        entry the last point has for it is carried, so that no point records as deleted what the
+        store still holds (a restore of that point, then a sidecar taking its disk for the truth,
+        would delete it); with no entry to carry, no point is written (:meth:`_uncovered`)."""
         if not self.idle():
             return None
         kept_roots, kept_keys = self.excluded()
@@ -157,10 +158,18 @@ class PointWriter:
         carried: set[str] = set()
         if self.chain is not None:
             for key, meta in self.chain.tree.items():
-                if key not in tree and (key in kept_keys or key.partition("/")[0] in kept_roots) and key in self.known:
+                if key not in tree and (key in kept_keys or key in skipped or key.partition("/")[0] in kept_roots) \
+                        and key in self.known:
                     tree[key] = meta
                     carried.add(key)
         return tree, carried
+
+    def _uncovered(self, tree: dict[str, ObjectMeta]) -> int:
+        """How many files the store keeps (with their sha256) that ``tree`` lacks: kept or skipped
+        ones no earlier point holds (a root gone and back, a file unreadable, before the first
+        point). A point without them would restore a tree without them."""
+        return sum(1 for key, info in self.known.objects_in(set(self.roots_by_name)).items()
+                   if key not in tree and info.sha256 is not None)
 
     async def write_point(self, *, compact: bool = True) -> Written | None:
         """A point of the committed tree if it changed since the last one (then retention); None
@@ -176,6 +185,10 @@ class PointWriter:
                 self._not_settled("the uploader has work pending")
                 return None
             tree, carried = now
+            if uncovered := self._uncovered(tree):  # never a point that lacks what the store keeps
+                self._not_settled(f"{log.count(uncovered, 'file')} the store keeps are neither on disk nor in an "
+                                  "earlier point")
+                return None
             if carried:  # their bytes are not on disk: only an incremental point can keep them
                 compact = False
             chain = self.chain

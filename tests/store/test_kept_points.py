@@ -69,3 +69,61 @@ async def _true(value: bool) -> bool:
 async def _has(store, files: dict[str, bytes]) -> bool:
     tree = await newest_tree(store) or {}
     return all(tree.get(k) == v for k, v in files.items())
+
+
+async def test_no_point_lacks_what_the_store_keeps_when_no_earlier_point_holds_it(make_store, tmp_path):
+    """The root goes and comes back before the session's first point: the drain's point would be
+    a full one without the kept files (nothing to carry them from), so no point is written
+    (outside tester, round 2: ``restore --as-of`` of that point, then ``sync``, deleted them)."""
+    store = await make_store("")
+    work = tmp_path / "work"
+    cps = work / ".checkpoints"
+    cps.mkdir(parents=True)
+    settings, roots = settings_for(work, str(tmp_path / "unused"), restore_point_interval=3600,
+                                   reconcile_interval=0, roots=[str(cps)])
+    new = {".checkpoints/r2/new.json": b'{"step": 9}'}
+
+    async def host(life: InProcess) -> None:
+        for key, data in FIVE.items():
+            write_atomic(Path(work, key), data)
+        await until(lambda: _true(set(FIVE) <= set(life.daemon.known.objects_in({".checkpoints"}))), "five stored")
+        shutil.rmtree(cps)
+        await until(lambda: _false(life.daemon.health.ready), "the root counted as gone")
+        for key, data in new.items():
+            write_atomic(Path(work, key), data)
+        await until(lambda: _true(life.daemon.ledger.kept_keys == set(FIVE)), "the five kept")
+
+    assert await run_sync(InProcess(settings, roots, store), host) == 0
+    tree = await newest_tree(await make_store(""))
+    assert tree is None or set(FIVE) <= set(tree), f"a point lacks what the store keeps: {sorted(tree or ())}"
+
+
+async def test_a_skipped_file_is_carried_not_recorded_as_deleted(make_store, tmp_path):
+    """A stored file the sidecar now skips (above a lowered SIDECAR_MAX_FILE_SIZE, or unreadable):
+    the store keeps it, and so does every point (outside tester, round 2: the next point recorded
+    it as deleted)."""
+    work = tmp_path / "work"
+    cps = work / ".checkpoints"
+    cps.mkdir(parents=True)
+    big = {".checkpoints/r1/big.json": b"x" * 5000}
+
+    async def first(life: InProcess) -> None:
+        for key, data in {**FIVE, **big}.items():
+            write_atomic(Path(work, key), data)
+        await until(lambda: _has(life.store, {**FIVE, **big}), "a point with every file")
+
+    settings, roots = settings_for(work, str(tmp_path / "unused"), restore_point_interval=0.2,
+                                   reconcile_interval=0, roots=[str(cps)])
+    assert await run_sync(InProcess(settings, roots, await make_store("")), first) == 0
+    new = {".checkpoints/r1/later.json": b'{"step": 10}'}
+
+    async def second(life: InProcess) -> None:
+        write_atomic(Path(work, ".checkpoints/r1/big.json"), b"y" * 6000)  # now too large: skipped, the store keeps 5000
+        for key, data in new.items():
+            write_atomic(Path(work, key), data)
+        await until(lambda: _has(life.store, new), "a point with the later file")
+
+    settings, roots = settings_for(work, str(tmp_path / "unused"), restore_point_interval=0.2,
+                                   reconcile_interval=0, roots=[str(cps)], max_file_size=1000)
+    assert await run_sync(InProcess(settings, roots, await make_store("")), second) == 0
+    assert await newest_tree(await make_store("")) == {**FIVE, **big, **new}
