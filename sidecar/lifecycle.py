@@ -345,12 +345,13 @@ async def restore_as_of(settings: Settings, roots: list[Root], store: Store, as_
     no point is at or before the time, a root holds files (without ``--force-restore``), what the
     point lacks cannot be moved aside, a point is unreadable or the store cannot be read; 2 for
     another identity's namespace with ``--force-restore`` (into empty roots, without it, any
-    identity may read it), or a live owner with ``--force-restore`` (:func:`_running`)."""
+    identity may read it), a live owner with ``--force-restore`` or of roots recorded as its disk
+    (:func:`_running`), or a root recorded as another namespace's disk (:func:`recorded_roots`)."""
     import time
     from functools import partial
 
     from sidecar.fence import IdentityConflict, take_for_restore
-    from sidecar.restore.asof import AsOfError, aside_line, rfc3339
+    from sidecar.restore.asof import AsOfError, aside_line, recorded_roots, rfc3339
     from sidecar.restore.asof import restore_as_of as fill
     from sidecar.restore.latest import ForeignDisk, check_foreign, lineage_of
     from sidecar.retry import STARTUP_RETRY_SECONDS, retry_transient
@@ -370,9 +371,14 @@ async def restore_as_of(settings: Settings, roots: list[Root], store: Store, as_
         taken = await retry_transient(partial(take_for_restore, store, ns.identity, ns.path, take=False,
                                               store_url=settings.store, check=settings.restore == "force"),
                                       "read the owner marker", deadline)
-        if settings.restore == "force" and (live := await retry_transient(
+        # roots another namespace's sidecar, or this one's live owner, may be mirroring: refused
+        refusal, ours = await recorded_roots(roots, lineage_of(store, ns.path))
+        if refusal is not None:
+            return fail(f"refusing to restore --as-of: {refusal}", EXIT_CONFIG)
+        if (settings.restore == "force" or ours) and (live := await retry_transient(
                 partial(_running, store, settings.store, ns.path), "read the owner marker", deadline)):
-            return fail(f"refusing to restore --as-of with --force-restore: {live}", EXIT_CONFIG)
+            how = "with --force-restore" if settings.restore == "force" else "into roots recorded as its disk"
+            return fail(f"refusing to restore --as-of {how}: {live}", EXIT_CONFIG)
         done = await fill(store, roots, as_of.when, as_of.ago, seq=as_of.seq, force=settings.restore == "force",
                           lineage=lineage_of(store, ns.path, taken.generation), ignore=settings.ignore_rules,
                           deadline=deadline)

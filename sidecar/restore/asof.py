@@ -20,12 +20,13 @@ import anyio.to_thread
 from sidecar import log
 from sidecar.localfs import has_regular_files, root_failure
 from sidecar.log import rfc3339
-from sidecar.paths import IgnoreRules, Root, UnsafeKey, is_within, split_key
+from sidecar.paths import LINEAGE_FILE, IgnoreRules, Root, UnsafeKey, is_within, split_key
 from sidecar.points.format import PointEntry, PointError, PointHeader, PointName
 from sidecar.points.plan import AsOf, choose_as_of, link_error
 from sidecar.restore import plan
 from sidecar.restore.finish import finish
 from sidecar.restore.place import Placer
+from sidecar.restore.plan import foreign
 from sidecar.restore.points import READ_AHEAD, list_points, open_point, read_header, unusable
 from sidecar.restorefs import (
     Aside,
@@ -35,13 +36,14 @@ from sidecar.restorefs import (
     clear_restoring,
     mark_restoring,
     plan_aside,
+    read_lineage,
     remove_stale_restore_temps,
     restore_cut_short,
     set_aside,
 )
 from sidecar.store.base import NotFound, ObjectInfo, Store, StoreError, close_chunks
 
-__all__ = ["AsOfError", "AsOfResult", "aside_line", "restore_as_of", "rfc3339"]
+__all__ = ["AsOfError", "AsOfResult", "aside_line", "recorded_roots", "restore_as_of", "rfc3339"]
 
 
 class AsOfError(Exception):
@@ -68,6 +70,26 @@ async def _first_unreadable(store: Store, chain: tuple[PointName, ...],
         headers.append(header)
         before = name
     return None
+
+
+async def recorded_roots(roots: list[Root], lineage: Lineage) -> tuple[str | None, bool]:
+    """What the roots' lineage records say before an as-of restore: a refusal (one line) for a
+    root recorded as another store's or namespace's disk, whose sidecar may be mirroring it even
+    while it is empty (what the restore placed would cross into that namespace); and whether any
+    root is recorded as this namespace's (its owner, if live, may be mirroring it)."""
+    ours = False
+    for root in roots:
+        record = await anyio.to_thread.run_sync(read_lineage, root)
+        if record is None:
+            continue
+        if foreign(record, lineage):
+            theirs = f"'{log.printable(record.namespace) or '(top of the store)'}' of {log.printable(record.store)}"
+            return (f"the root {log.printable(root.path)} is recorded as the disk of the store namespace {theirs} "
+                    f"({root.path}/{LINEAGE_FILE}), whose sidecar may be mirroring it: what this restore placed "
+                    "would cross into that namespace. Restore into another directory, or remove the record first "
+                    "if that namespace is done with this disk"), ours
+        ours = True
+    return None, ours
 
 
 @dataclass

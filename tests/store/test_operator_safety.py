@@ -6,6 +6,7 @@ refusals that still need an identity name the exact variables and the store."""
 from __future__ import annotations
 
 import shlex
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -157,4 +158,30 @@ async def test_restore_as_of_over_files_still_needs_the_identity_and_names_it(ma
     same, _ = settings_for(cwd=work, **assigned)
     assert (same.namespace.path, same.namespace.identity) == (NS, S3)
     assert (work / ".checkpoints" / "mine.json").read_bytes() == b"another session's"  # nothing restored
+    assert await still_owns(fence)
+
+
+async def test_restore_as_of_into_roots_a_sidecar_may_mirror_is_refused(make_store, settings_for, store_place, tmp_path,
+                                                                        capsys):
+    """Empty roots, but recorded as a disk a sidecar may be mirroring (outside tester, round 2:
+    the live sidecar uploaded what the as-of restore placed): another namespace's record is
+    refused whoever owns it; this namespace's own record while its owner is live. A directory
+    without a record is a fresh one: restored."""
+    from sidecar.restore.finish import lineage_of
+    from sidecar.restorefs import write_lineage
+
+    store, fence = await live_owner(make_store)
+    await write_point(store, 100)
+    settings, _ = settings_for(cwd=tmp_path)
+    for recorded, why in (("agent/s2", "recorded as the disk of the store namespace 'agent/s2'"),
+                          (NS, "into roots recorded as its disk: the namespace is live")):
+        work = tmp_path / recorded.replace("/", "-")
+        (work / ".checkpoints").mkdir(parents=True)
+        settings, roots = settings_for(cwd=work)
+        [root] = [r for r in roots if r.name == ".checkpoints"]
+        write_lineage(root, replace(lineage_of(store, recorded), store=store.description.replace(NS, recorded)))
+        assert await lifecycle.restore(settings, roots, AsOf(ago=0.0)) == 2
+        [line] = capsys.readouterr().err.strip().splitlines()
+        assert why in line, line
+        assert not (work / ".checkpoints" / "a.json").exists()  # nothing placed
     assert await still_owns(fence)
