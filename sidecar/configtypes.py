@@ -208,11 +208,13 @@ def parse_duration(text: str, unit_required: bool = False) -> float:
 
 def parse_time_or_age(text: str) -> tuple[float | None, float | None]:
     """A moment given as an RFC 3339 time with its offset (``2026-12-01T10:00:00Z``) or as a
-    duration ago (``2h``): ``(epoch seconds, None)`` or ``(None, seconds ago)``. Raises
+    duration ago with its unit (``2h``; a plain number is refused): ``(epoch seconds, None)`` or ``(None, seconds ago)``. Raises
     ``ValueError`` with a one-line reason."""
     import datetime
 
     t = text.strip()
+    if t != text:
+        raise ValueError(f"spaces or a line break around the time: {shown(text)}")
     if t[:1].isdigit() and ("T" in t.upper() or " " in t) and "-" in t:
         try:
             when = datetime.datetime.fromisoformat(t.replace("z", "Z"))
@@ -222,6 +224,8 @@ def parse_time_or_age(text: str) -> tuple[float | None, float | None]:
             raise ValueError(f"an RFC 3339 time needs its offset (Z or +01:00): {shown(text)}")
         return when.timestamp(), None
     try:
-        return None, parse_duration(t)
-    except ValueError:
+        return None, parse_duration(t, unit_required=True)  # "7" meant as days must not restore 7 s ago
+    except ValueError as e:
+        if "has no unit" in str(e):
+            raise
         raise ValueError(f"not a time or a duration ago: {shown(text)}; write e.g. 2026-12-01T10:00:00Z or 2h") from None

@@ -30,6 +30,15 @@ def test_non_ascii_digits_are_no_duration(capsys):
     assert "not a time or a duration ago" in line, line
 
 
+@pytest.mark.parametrize("value", ["7", "1", "0", "1h\n", " 2h"])
+def test_as_of_refuses_a_plain_number_and_stray_space(capsys, value):
+    """``--as-of 7`` (meant as days?) restored the state of seven seconds ago (outside tester,
+    round 2): a duration ago is written with its unit, as every duration that decides what is
+    restored or deleted."""
+    line = usage_error(capsys, "restore", "--as-of", value)
+    assert "has no unit" in line or "spaces or a line break" in line, line
+
+
 @pytest.mark.parametrize("value", ["seq:", "seq:-1", "seq:1.5", "seq:\u0661\u0662", "seq:" + "9" * 20])
 def test_a_seq_is_ascii_digits(capsys, value):
     line = usage_error(capsys, "restore", "--as-of", value)
