@@ -75,6 +75,8 @@ class Tally:
         self.by: dict[str, int] = {PRUNED: 0, WOULD_PRUNE: 0, SKIPPED: 0, FAILED: 0}
         self.objects = self.bytes = 0
         self.tty = sys.stderr.isatty()
+        #: why stdout took no more lines (a closed pipe, a full disk): the prune goes on to its end
+        self.output_lost: str | None = None
 
     def add(self, r: Result) -> None:
         self.by[r.outcome] += 1
@@ -94,8 +96,18 @@ class Tally:
         first, so the line starts at its own beginning, and drawn again below it."""
         if self.tty:
             print(CLEAR_LINE, end="", file=sys.stderr, flush=True)
-        print(text, flush=True)
+        self.out(text)
         self.progress()
+
+    def out(self, text: str) -> None:
+        """A line on stdout, unless stdout was lost: then nothing (the prune is not cut short, a
+        namespace is never left half-deleted by a reader that went away)."""
+        if self.output_lost is not None:
+            return
+        try:
+            print(text, flush=True)
+        except OSError as e:
+            self.output_lost = e.strerror or type(e).__name__
 
     def summary(self) -> str:
         if self.tty:
@@ -158,7 +170,7 @@ async def command(settings: Settings, dry_run: bool, force: bool = False) -> int
         return fail(f"cannot list the namespaces of {top.description}: {e}")
     finally:
         await top.aclose()
-    print(tally.summary(), flush=True)
+    tally.out(summary := tally.summary())
     code = EXIT_PARTIAL if tally.by[FAILED] else EXIT_OK
     if pushgateway:
         try:
@@ -166,6 +178,8 @@ async def command(settings: Settings, dry_run: bool, force: bool = False) -> int
         except Exception as e:  # the gateway's answer or the connection: one line
             return fail(f"cannot push the prune's gauges to {log.redact(_without_userinfo(pushgateway))}: "
                         f"{type(e).__name__}: {log.redact(_without_userinfo(str(e)))}")
+    if tally.output_lost is not None:
+        return fail(f"cannot write the list: {tally.output_lost}; the prune went on to its end: {summary}")
     return code
 
 

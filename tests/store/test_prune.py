@@ -896,3 +896,31 @@ async def test_a_deleting_marker_that_proves_no_prune_waits_out_live_within(make
     assert results["proven"].outcome == PRUNED, results
     assert results["copied"].outcome == SKIPPED and results["foreign"].outcome == SKIPPED, results
     assert len(await keys_below(make_store, "copied")) == 3 and len(await keys_below(make_store, "foreign")) == 3
+
+
+async def test_a_prune_into_a_closed_pipe_prunes_every_namespace_and_says_one_line(make_store, store_place, tmp_path):
+    """``prune | head -1`` once head has gone: it was "unexpected ExceptionGroup: BrokenPipeError"
+    part way, namespaces left half-deleted (outside tester, round 2). The prune goes on to its
+    end: every eligible namespace pruned, one line naming the lost output and the summary."""
+    import subprocess
+
+    from support import sidecar_cmd
+
+    names = [f"s{i}" for i in range(6)]
+    for name in names:
+        store = await make_store(f"agents/{name}")
+        await seed(store, name, points=0)
+        await put_marker(store, name, heartbeat=0, interval=900)
+    r, w = os.pipe()
+    os.close(r)  # the reader is gone before the first line
+    try:
+        p = await anyio.to_thread.run_sync(lambda: subprocess.run(
+            sidecar_cmd("prune", "--older-than", "0s", "--force"), cwd=tmp_path,
+            env=cli_env(store_place, SIDECAR_PREFIX="agents"), stdout=w, stderr=subprocess.PIPE, text=True, timeout=60))
+    finally:
+        os.close(w)
+    assert p.returncode == 1, p.stderr
+    [line] = p.stderr.strip().splitlines()
+    assert "cannot write the list: Broken pipe; the prune went on to its end: prune: pruned 6 namespaces" in line, line
+    for name in names:
+        assert await keys_below(make_store, f"agents/{name}") == [], name
