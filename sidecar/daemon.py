@@ -68,6 +68,8 @@ class Startup:
     marker_generation: int = 0
     #: what reading the owner marker found and did (a released owner or a pending prune taken over)
     taken: Taken | None = None
+    #: the roots the restore's listing held files or a bundle of (None: not listed)
+    stored_roots: frozenset[str] | None = None
 
 
 class Occasion(enum.Enum):
@@ -167,7 +169,8 @@ class Daemon:
         self.startup = startup = Startup(
             known=StoreState.from_listing(listing, self.snapshot_roots), restored=result,
             namespace_empty=not listing.objects and not listing.bundles and not listing.unsafe,
-            stored_max_version=listing.max_version, marker_generation=result.generation, taken=taken)
+            stored_max_version=listing.max_version, marker_generation=result.generation, taken=taken,
+            stored_roots=frozenset({k.split("/", 1)[0] for k in listing.objects} | listing.bundles))
         self.lineage = lineage_of(self.store, ns.path, result.generation, listing.own_max_version)
         if startup.namespace_empty and not taken.marker and not taken.pruned:
             log.info("namespace_empty", namespace=ns.describe(), detail="the store holds nothing in this namespace (a "
@@ -359,6 +362,8 @@ class Daemon:
                       else {k for k in remote if k.split("/", 1)[0] == root.name})
             if before != after and after is not None:
                 hidden.add(root.name)  # replaced while the scan ran: the watcher has it rescanned
+            elif occasion is Occasion.TAKEOVER and after is None and self._never_there(root):
+                ledger.never_there.add(root.name)  # none of it on this disk: the previous owner's late files go
             elif not await ledger.presence(root, after, files, root_gaps, stored, restored=root.name in restored,
                                            reports=reports):
                 hidden.add(root.name)
@@ -408,6 +413,15 @@ class Daemon:
             log.info("reconcile_start", upload=len(upload), delete=len(delete), in_sync=plan.in_sync,
                      protected=",".join(sorted(ledger.kept_roots)) or "-")
         return fixes
+
+    def _never_there(self, root: Root) -> bool:
+        """Whether ``root`` has not existed on this disk since the restore, of which the store held
+        nothing then: on this disk it holds no files, so a previous owner's writes to it after our
+        restore are set back (deleted) by the take-over check. A root seen in this run, or one the
+        restore found stored, is gone instead (nothing deleted: a mount may be missing)."""
+        ledger = self.ledger
+        return (self.startup.stored_roots is not None and root.name not in self.startup.stored_roots
+                and root.name not in ledger.root_ids and root.name not in ledger.gone)
 
     async def _reconcile_loop(self) -> None:
         s = self.settings

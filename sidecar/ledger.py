@@ -59,6 +59,9 @@ class RootLedger:
         #: roots the watcher reported themselves (removed, replaced, their attributes changed)
         #: since their last scan, each with a count: their deletes wait for that scan
         self.reported: dict[str, int] = {}
+        #: roots this disk has not had since the restore found nothing stored of them, vouched by
+        #: the take-over check: while still absent, they hold no files (their deletes may go)
+        self.never_there: set[str] = set()
 
     # -- what must not be deleted -------------------------------------------------------------
     @property
@@ -76,6 +79,8 @@ class RootLedger:
         """Whether a file missing in ``root`` now means the host deleted it: the root is the very
         directory the last scan found intact, not gone, replaced or reported since. Asked by the
         hints and right before each delete is sent (from worker threads too: reads and a stat)."""
+        if root.name in self.never_there:
+            return root_identity(root.path) is None
         last = self.root_ids.get(root.name)
         return (last is not None and root.name not in self.gone and root.name not in self.reported
                 and root_identity(root.path) == last)
@@ -135,6 +140,8 @@ class RootLedger:
         (recreated by the host, another volume) keeps the stored files it lacks (``.sidecar-kept``),
         one back with it (a remount of the same disk) is compared as usual."""
         name = root.name
+        if now is not None:
+            self.never_there.discard(name)  # it exists now: the rules of a root that is there apply
         if name in gaps.unreadable:
             return False  # an unreadable root: said and kept by the gaps' rule, identity unknown
         stored = set(stored)

@@ -179,3 +179,23 @@ async def test_a_drain_cut_short_before_the_check_exits_75_and_keeps_the_namespa
     assert code == 75, "the store was never set back to the disk, yet the drain said it flushed everything"
     marker, _ = await read_marker_info(store)
     assert marker["heartbeat"] != 0, "released: the next sidecar would not wait, nor check"
+
+
+APPROVALS = ".function_approvals/approval_requests.json"
+
+
+async def write_a_root_b_lacks(store, version: int) -> None:
+    data = b'[{"late": "A"}]'
+    await store.put(APPROVALS, data, ObjectMeta.of(data, time.time_ns(), 0o644, version=version))
+
+
+@pytest.mark.parametrize("stop_at_once", [True, False], ids=["drain", "mirroring"])
+async def test_a_take_over_sets_back_a_root_the_new_disk_never_had(make_store, tmp_path, stop_at_once):
+    """The predecessor's late write to a root of which nothing was stored at B's restore, so B's
+    disk never had it (outside tester, round 2: it survived the check, and the next compute got
+    B's checkpoints plus A's late approval). Deleted by the check, as any late change."""
+    code, work, store, _ = await take_over(make_store, tmp_path, write_a_root_b_lacks, stop_at_once=stop_at_once)
+    assert code == 0
+    assert not (work / ".function_approvals").exists()
+    assert [i.key async for i in store.list(".function_approvals/")] == [], "A's late file crossed into B's state"
+    assert await objects(store) == FILES
