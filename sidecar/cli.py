@@ -112,7 +112,7 @@ def _add_common(p: argparse.ArgumentParser, command: str) -> None:
                            help="do not restore before mirroring (SIDECAR_RESTORE=skip)")
             g.add_argument("--force-restore", dest="restore", action="store_const", const="force",
                            help="restore every stored file even into roots that hold files; with restore --as-of, make "
-                                "each root equal the point: what it lacks is moved into .<root>.replaced-<time>/ "
+                                "each root equal the point: what differs is moved into .<root>.replaced-<time>/ "
                                 "beside the root, listed (SIDECAR_RESTORE=force)")
         else:
             p.add_argument(flag, dest=dest, default=None, **kw)

@@ -340,7 +340,7 @@ async def restore_as_of(settings: Settings, roots: list[Root], store: Store, as_
     """``restore --as-of``: fill the roots with the namespace as it was at ``as_of`` (a store time,
     seconds before the store's now, or a point's seq) from its restore points (:mod:`sidecar.restore.asof`). Reads
     only: neither claims the namespace nor writes to the store. With ``--force-restore`` each root
-    is made equal to the point: what it lacks is moved beside the root, one line per root says
+    is made equal to the point: what differs is moved beside the root, one line per root says
     how many entries, which and where (:func:`~sidecar.restore.asof.aside_line`). Exit 0 once filled; 1 when
     no point is at or before the time, a root holds files (without ``--force-restore``), what the
     point lacks cannot be moved aside, a point is unreadable or the store cannot be read; 2 for
@@ -392,7 +392,7 @@ async def restore_as_of(settings: Settings, roots: list[Root], store: Store, as_
              bytes=done.bytes, refused=done.refused)
     print(f"checkpoint-sidecar: restored {log.count(done.files, 'file')} ({log.count(done.bytes, 'byte')}) as of the "
           f"restore point of {rfc3339(done.time)} (seq {done.point.seq})")
-    for aside in done.aside:  # --force-restore: what the point lacks, moved beside the root
+    for aside in done.aside:  # --force-restore: what differs from the point, moved beside the root
         print(f"checkpoint-sidecar: {aside_line(aside)}")
     return EXIT_OK
 

@@ -15,6 +15,7 @@ import re
 import secrets
 import stat
 from dataclasses import dataclass, field
+from typing import Callable
 
 from sidecar.localfs import MAX_MTIME_NS, UnsafeTarget, open_child_dir, open_dir_nofollow, open_root
 from sidecar.log import printable
@@ -383,11 +384,14 @@ def aside_parent(root: Root) -> str:
     return os.path.dirname(os.path.realpath(root.path))
 
 
-def plan_aside(root: Root, keep: set[str], ignore: IgnoreRules) -> Aside:
+def plan_aside(root: Root, keep: set[str], ignore: IgnoreRules,
+               differs: Callable[[str], bool] = lambda rel: False) -> Aside:
     """What is in ``root`` that the point lacks (``keep``: the relative paths of the point's
     files): every non-directory entry (a symlink is an entry, never followed) not in ``keep`` as
-    a regular file and not ignored (ignored names, the sidecar's records among them, stay), then
-    every directory with nothing of ``keep`` below it that is left empty. Directories named like
+    a regular file and not ignored (ignored names, the sidecar's records among them, stay), every
+    regular file in ``keep`` whose bytes ``differs`` from the point's (the point's is written in
+    its place: the local one is kept beside the root, never overwritten), then every directory
+    with nothing of ``keep`` below it that is left empty. Directories named like
     the sidecar's own store records are left whole. :class:`CannotSetAside` (nothing is changed)
     when a directory cannot be read or an entry is on another filesystem than the root's parent
     (a rename cannot move it there)."""
@@ -434,7 +438,7 @@ def plan_aside(root: Root, keep: set[str], ignore: IgnoreRules) -> Aside:
                     whole.add(sub)
                 else:
                     stack.append((sub, st.st_dev))
-            elif (stat.S_ISREG(st.st_mode) and sub in keep) or ignore.ignored(name):
+            elif (stat.S_ISREG(st.st_mode) and sub in keep and not differs(sub)) or ignore.ignored(name):
                 left[rel] += 1
             elif here != dev:
                 raise CannotSetAside(f"cannot move {printable(os.path.join(root.path, sub))} beside the root: it is on "

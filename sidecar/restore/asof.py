@@ -18,7 +18,7 @@ import anyio
 import anyio.to_thread
 
 from sidecar import log
-from sidecar.localfs import has_regular_files, root_failure
+from sidecar.localfs import has_regular_files, local_matches, root_failure
 from sidecar.log import rfc3339
 from sidecar.paths import LINEAGE_FILE, IgnoreRules, Root, UnsafeKey, is_within, split_key
 from sidecar.points.format import PointEntry, PointError, PointHeader, PointName
@@ -41,7 +41,7 @@ from sidecar.restorefs import (
     restore_cut_short,
     set_aside,
 )
-from sidecar.store.base import NotFound, ObjectInfo, Store, StoreError, close_chunks
+from sidecar.store.base import NotFound, ObjectInfo, ObjectMeta, Store, StoreError, close_chunks
 
 __all__ = ["AsOfError", "AsOfResult", "aside_line", "recorded_roots", "restore_as_of", "rfc3339"]
 
@@ -95,7 +95,7 @@ async def recorded_roots(roots: list[Root], lineage: Lineage) -> tuple[str | Non
 @dataclass
 class AsOfResult:
     """What ``restore --as-of`` did: the point restored (and its time), files and bytes placed,
-    and (``--force-restore``) what each root held that the point lacks, moved beside it."""
+    and (``--force-restore``) what each root held that differs from the point, moved beside it."""
 
     point: PointName
     time: float | None
@@ -116,7 +116,7 @@ async def restore_as_of(store: Store, roots: list[Root], when: float | None, ago
     """Fill ``roots`` with the namespace as it was at ``when`` (or ``ago`` seconds before the
     store's now, or at the point ``seq``): the newest point at or before it, its chain applied. Roots holding files are
     refused unless ``force``, which makes each root equal the point's tree: what a root holds
-    that the point lacks (ignored names aside) is moved into a directory beside it
+    that the point lacks or holds with other bytes (ignored names aside) is moved into a directory beside it
     (:func:`_set_aside`), the point's files written over the rest. Reads only the store; each root
     gets the restore marker before its first change and, once its files are flushed, ``lineage``
     (this namespace's disk from now on: a sidecar started on it mirrors it). :class:`AsOfError`
@@ -126,7 +126,7 @@ async def restore_as_of(store: Store, roots: list[Root], when: float | None, ago
     if refused := plan.as_of_refused(has_files, force):
         paths = ", ".join(r.path for r in roots if r.name in refused)
         raise AsOfError(f"refusing to restore as of a time into roots that hold files ({paths}); "
-                        "--force-restore makes them equal the point (what it lacks is moved beside them)")
+                        "--force-restore makes them equal the point (what differs is moved beside them)")
     points = await list_points(store, deadline)
     headers: list[PointHeader] = []
     chosen = await _choose(store, points, AsOf(when, ago, seq), headers)
@@ -135,7 +135,8 @@ async def restore_as_of(store: Store, roots: list[Root], when: float | None, ago
         await anyio.to_thread.run_sync(remove_stale_restore_temps, root)
     started: dict[str, Root] = {}
     if force:
-        await _set_aside(roots, set(plan.chain_tree(h.entries for h in headers)), ignore, started, result)
+        tree = {key: entry for key, (_, entry) in plan.chain_tree(h.entries for h in headers).items()}
+        await _set_aside(roots, tree, ignore, started, result)
     placer = Placer(AsOfError, lambda key, size: _refused(result), after="; the roots keep their restore marker")
     try:
         await _place_chain(store, chosen, {r.name: r for r in roots}, started, placer, result)
@@ -238,18 +239,23 @@ async def _place(entry: PointEntry, body: AsyncIterator[bytes], by_name: dict[st
         result.bytes += m.size
 
 
-async def _set_aside(roots: list[Root], tree: set[str], ignore: IgnoreRules, started: dict[str, Root],
+async def _set_aside(roots: list[Root], tree: dict[str, PointEntry], ignore: IgnoreRules, started: dict[str, Root],
                      result: AsOfResult) -> None:
-    """Move what each root holds that the point's ``tree`` lacks into a directory beside it
+    """Move what each root holds that the point's ``tree`` lacks, and its files whose bytes differ
+    from the point's, into a directory beside it
     (:func:`~sidecar.restorefs.set_aside`): every root is planned before any is changed (a root
     that cannot be: AsOfError, nothing changed), then each root gets its restore marker and its
     moves. A run cut short keeps the marker; run again, it moves what is left (into a new directory)."""
     plans = []
     real = [os.path.realpath(r.path) for r in roots]
     for root in roots:
-        keep = {k.split("/", 1)[1] for k in tree if k.startswith(root.name + "/")}
+        keep = {k.split("/", 1)[1]: e.written for k, e in tree.items() if k.startswith(root.name + "/")}
+
+        def differs(rel: str, root: Root = root, keep: dict[str, ObjectMeta] = keep) -> bool:
+            return local_matches(root, rel.split("/"), keep[rel].size, keep[rel].sha256) is not True
+
         try:
-            plans.append(aside := await anyio.to_thread.run_sync(plan_aside, root, keep, ignore))
+            plans.append(aside := await anyio.to_thread.run_sync(plan_aside, root, set(keep), ignore, differs))
         except CannotSetAside as e:
             raise AsOfError(f"{e} (nothing was changed)") from None
         if aside.paths and any(is_within(aside_parent(root), r) for r in real):  # (a root reached through a link)
@@ -285,12 +291,14 @@ SHOWN_ASIDE = 20
 
 
 def aside_line(aside: Aside, shown: int = SHOWN_ASIDE) -> str:
-    """What was moved out of a root, in one line: how many entries, where to, and the first
-    ``shown`` of their paths (sorted, escaped; a directory with a trailing ``/``)."""
+    """What was moved out of a root (absent from the point, or holding other bytes), in one line:
+    how many entries, where to, and the first ``shown`` of their paths (sorted, escaped; a
+    directory with a trailing ``/``)."""
     paths = sorted(aside.paths)
     names = ", ".join(_quoted(p) for p in paths[:shown])
     more = f" and {len(paths) - shown} more" if len(paths) > shown else ""
-    return (f"moved {aside.moved} {'entry' if aside.moved == 1 else 'entries'} the point lacks out of "
+    what = "entry that differs" if aside.moved == 1 else "entries that differ"
+    return (f"moved {aside.moved} {what} from the point out of "
             f"{log.printable(aside.root.path)} into {log.printable(aside.into)}: {names}{more}")
 
 

@@ -94,13 +94,15 @@ def test_restore_as_of_and_history(tmp_path):
     # the roots hold files now: refused, unless forced
     r = run_cli("restore", "--store", str(store), "--as-of", rows[0]["time"], cwd=fresh)
     assert r.returncode == 1 and "hold files" in r.stderr and "--force-restore" in r.stderr
-    # forced: each root made equal to the point (b.json deleted in it), what it lacks moved beside the root
+    # forced: each root made equal to the point (b.json deleted in it, a.json other bytes); what it
+    # lacks and what it holds otherwise moved beside the root, never overwritten
     r = run_cli("restore", "--store", str(store), "--as-of", "0s", "--force-restore", cwd=fresh)
     assert r.returncode == 0, r.stderr
     assert disk_tree(fresh / ".checkpoints") == {"r1/a.json": b"garbage"}
     [into] = fresh.glob(".checkpoints.replaced-*")
-    assert disk_tree(into) == {"r1/b.json": first[".checkpoints/r1/b.json"]}
-    assert f"moved 1 entry the point lacks out of {fresh / '.checkpoints'} into {into}: \"r1/b.json\"\n" in r.stdout
+    assert disk_tree(into) == {k.removeprefix(".checkpoints/"): v for k, v in first.items()}
+    assert (f"moved 2 entries that differ from the point out of {fresh / '.checkpoints'} into {into}: "
+            f"\"r1/a.json\", \"r1/b.json\"\n") in r.stdout
 
     empty = tmp_path / "empty"
     empty.mkdir()

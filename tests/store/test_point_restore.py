@@ -309,7 +309,8 @@ async def test_as_of_cut_off_by_the_store_says_how_to_finish_it(make_store, tmp_
 
 
 def exact_case(tmp_path: Path) -> tuple[Root, Path]:
-    """A root holding what a point of :func:`seed` (6 files) lacks, and a directory outside it."""
+    """A root holding what a point of :func:`seed` (6 files) lacks, one of its files with other
+    bytes (``d0/0.json``: moved aside too, never overwritten), and a directory outside it."""
     root = root_in(tmp_path, "exact")
     r, outside = Path(root.path), tmp_path / "outside"
     outside.mkdir()
@@ -326,7 +327,7 @@ def exact_case(tmp_path: Path) -> tuple[Root, Path]:
     return root, outside
 
 
-MOVED = ["d0/3.json", "d1/extra.json", "d2/5.json/", "empty/", "link", "new\nline.json", "old/",
+MOVED = ["d0/0.json", "d0/3.json", "d1/extra.json", "d2/5.json/", "empty/", "link", "new\nline.json", "old/",
          "old/deep/", "old/deep/x.json", "stale.json"]
 #: What the directories beside the root hold besides MOVED's files: a directory where the point has
 #: a file is moved whole, an ignored file in it included (it was left, and the point's file refused).
@@ -363,7 +364,7 @@ async def test_as_of_forced_makes_each_root_equal_the_point(make_store, tmp_path
     [aside] = done.aside
     assert (Path(aside.into), aside.root, sorted(aside.paths), aside.moved) == (into, root, MOVED, len(MOVED))
     assert moved_tree([into]) == {
-        "d0/": "", "d0/3.json": str(outside / "theirs.json"), "d1/": "", "d1/extra.json": "extra", "d2/": "",
+        "d0/": "", "d0/0.json": "an older copy", "d0/3.json": str(outside / "theirs.json"), "d1/": "", "d1/extra.json": "extra", "d2/": "",
         "d2/5.json/": "", "d2/5.json/inner.json": "where the point has a file", "d2/5.json/x.tmp": "ignored",
         "empty/": "", "link": str(outside),
         "new\nline.json": "a name to escape", "old/": "", "old/deep/": "", "old/deep/x.json": "x", "stale.json": "stale"}
@@ -371,8 +372,9 @@ async def test_as_of_forced_makes_each_root_equal_the_point(make_store, tmp_path
     assert (outside / "theirs.json").read_bytes() == b"not the sidecar's"
     assert read_lineage(root) == lineage and not (r / ".sidecar-restoring").exists()
     assert done.files == len(expected)
-    assert aside_line(aside, 7) == (f'moved 10 entries the point lacks out of {r} into {into}: "d0/3.json", '
-                                    '"d1/extra.json", "d2/5.json/", "empty/", "link", "new\\nline.json", "old/" and 3 more')
+    assert aside_line(aside, 7) == (f'moved 11 entries that differ from the point out of {r} into {into}: "d0/0.json", '
+                                    '"d0/3.json", "d1/extra.json", "d2/5.json/", "empty/", "link", "new\\nline.json" and 4 '
+                                    'more')
 
     # into a root the point already equals: nothing to move, no directory made
     done = await restore_as_of(store, [root], full.modified, None, force=True, lineage=lineage)
