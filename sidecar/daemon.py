@@ -159,11 +159,12 @@ class Daemon:
                                       "read the owner marker", deadline)
         # kept when the restore fails: an optional restore's mirror claims with what was read
         self.startup = replace(self.startup, taken=taken, marker_generation=taken.generation)
-        self.lineage = lineage_of(self.store, ns.path, taken.generation)
+        self.lineage = lineage_of(self.store, ns.path, taken.generation, marker=taken.lineage)
         listing, result = await restore(self.store, self.roots, mode=self.settings.restore,
                                         concurrency=self.settings.concurrency, deadline=deadline,
                                         on_corrupt=self.settings.restore_corrupt, max_file_size=self.settings.max_file_size,
-                                        namespace=ns.path, ignore=self.ignore, marker_generation=taken.generation)
+                                        namespace=ns.path, ignore=self.ignore, marker_generation=taken.generation,
+                                        marker_lineage=taken.lineage)
         self.ledger.due(result.unrecorded)
         # the newest generation stored counts as the marker's: a disk recorded older is not held
         self.startup = startup = Startup(
@@ -171,7 +172,7 @@ class Daemon:
             namespace_empty=not listing.objects and not listing.bundles and not listing.unsafe,
             stored_max_version=listing.max_version, marker_generation=result.generation, taken=taken,
             stored_roots=frozenset({k.split("/", 1)[0] for k in listing.objects} | listing.bundles))
-        self.lineage = lineage_of(self.store, ns.path, result.generation, listing.own_max_version)
+        self.lineage = lineage_of(self.store, ns.path, result.generation, listing.own_max_version, taken.lineage)
         if startup.namespace_empty and not taken.marker and not taken.pruned:
             log.info("namespace_empty", namespace=ns.describe(), detail="the store holds nothing in this namespace (a "
                      "new session, or one pruned after it ended): starting empty")
@@ -291,7 +292,7 @@ class Daemon:
         if generation is None:
             return
         held = self.lineage
-        self.lineage = lineage_of(self.store, held.namespace, generation, held.version)
+        self.lineage = lineage_of(self.store, held.namespace, generation, held.version, self.writer.lineage)
         with anyio.CancelScope(shield=True):  # a few tiny writes: a shutdown right after the claim still gets them
             for root in self.roots:
                 if root.name in self.ledger.incomplete:

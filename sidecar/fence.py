@@ -64,6 +64,8 @@ from sidecar.marker import (  # noqa: F401 (OWNER_KEY, marker_identity: the daem
     held_stamp,
     is_released,
     marker_identity,
+    marker_lineage,
+    new_lineage,
     next_stamp,
     prune_phase,
     read_marker_info,
@@ -124,6 +126,8 @@ class Fence:
         #: in its window may differ from what our restore listed (see Writer.took_over)
         self.waited = False
         self.proof = Proof(window, self.clock)  # our last proof of ownership
+        #: the namespace's lineage id our marker carries (sidecar.marker.marker_lineage), once claimed
+        self.lineage: str | None = None
         self.fenced: str | None = None
         self.released = False  # release() ran: nothing more of ours is written
         self._writes = 0
@@ -165,7 +169,7 @@ class Fence:
         """Write our marker (``heartbeat``: now, unless given); False when the store holds a higher
         stamp (we are fenced) or, with ``if_version``, when the marker is no longer at that version."""
         ours = Marker(stamp, self.owner, time.time() if heartbeat is None else heartbeat, self.identity,
-                      self.interval, self.window, self.margin)
+                      self.interval, self.window, self.margin, lineage=self.lineage)
         info = await swap(self.store, ours, stamp, if_version=if_version, expected=self._marker)
         self._marker = info
         return info.version == stamp
@@ -194,6 +198,8 @@ class Fence:
                                "marker was deleted, rolled back or copied, or objects were copied in): claimed "
                                "above them")
         stamp = next_stamp(max(marked, lifted))
+        # the namespace's lineage id, carried on; made at its first claim (or a marker without one)
+        self.lineage = marker_lineage(current) or new_lineage()
         sent = self.clock()
         # a compare-and-swap on the marker as read: of two claims from one read, one lands
         if not await self._write(stamp, if_version=current.get(STORED_VERSION, 0)):  # as stored

@@ -380,7 +380,8 @@ async def restore_as_of(settings: Settings, roots: list[Root], store: Store, as_
             how = "with --force-restore" if settings.restore == "force" else "into roots recorded as its disk"
             return fail(f"refusing to restore --as-of {how}: {live}", EXIT_CONFIG)
         done = await fill(store, roots, as_of.when, as_of.ago, seq=as_of.seq, force=settings.restore == "force",
-                          lineage=lineage_of(store, ns.path, taken.generation), ignore=settings.ignore_rules,
+                          lineage=lineage_of(store, ns.path, taken.generation, marker=taken.lineage),
+                          ignore=settings.ignore_rules,
                           deadline=deadline)
     except (IdentityConflict, ForeignDisk) as e:
         return fail(f"refusing to restore: {e}", EXIT_CONFIG)

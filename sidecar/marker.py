@@ -7,7 +7,8 @@ write through :func:`swap` and :func:`remove`. The rules the marker serves: :mod
 On the wire a marker is ``{"generation": stamp, "owner": id, "heartbeat": unix time or 0 once
 released, "identity": {variable: value}}`` and, when known, ``"interval"`` (the owner's
 ``SIDECAR_HEARTBEAT_INTERVAL``), ``"window"`` and ``"margin"`` (its ``SIDECAR_FENCE_WINDOW`` and
-``SIDECAR_FENCE_MARGIN``) and a prune's ``"prune": {"phase": ...}``, stored with ``version =
+``SIDECAR_FENCE_MARGIN``), the namespace's ``"lineage"`` id (:func:`marker_lineage`) and a
+prune's ``"prune": {"phase": ...}``, stored with ``version =
 stamp``. Every field but ``generation`` is optional: a marker written by an earlier release
 parses. A stamp is the generation in its high bits and 32 random bits below (:func:`next_stamp`).
 
@@ -105,6 +106,20 @@ def marker_identity(marker: dict) -> dict[str, str]:
     return {str(k)[:64]: str(v)[:128] for k, v in value.items()}
 
 
+def marker_lineage(marker: dict) -> str | None:
+    """The namespace's lineage id an owner marker carries (None: none, or malformed): a random id
+    made at the namespace's first claim and carried by every marker written over it, so that a
+    disk recorded under another id (filled against another store at the same place: a volume that
+    was not mounted then) is never taken for this namespace's."""
+    value = marker.get("lineage") if isinstance(marker, dict) else None
+    return value if isinstance(value, str) and 0 < len(value) <= 64 and value.isalnum() and value.isascii() else None
+
+
+def new_lineage() -> str:
+    """A lineage id for a namespace's first claim (:func:`marker_lineage`)."""
+    return secrets.token_hex(8)
+
+
 def recorded_wait(marker: dict) -> float:
     """The write window (``window + margin``) an owner marker records, at most
     :data:`MAX_RECORDED_WAIT`; 0 when it records none (a marker of an earlier release)."""
@@ -139,6 +154,7 @@ class Marker:
     margin: float | None = None
     phase: str | None = None
     as_read: dict | None = None
+    lineage: str | None = None
 
     @classmethod
     def put_back(cls, fields: dict) -> "Marker":
@@ -157,6 +173,8 @@ class Marker:
                 fields[name] = getattr(self, name)
         if self.phase is not None:
             fields[PRUNE_FIELD] = {"phase": self.phase}
+        if self.lineage is not None:
+            fields["lineage"] = self.lineage
         return json.dumps(fields).encode()
 
 

@@ -237,6 +237,9 @@ class Lineage:
     namespace: str
     generation: int | None = None
     version: int | None = None
+    #: the namespace's lineage id its owner marker carried (:func:`sidecar.marker.marker_lineage`;
+    #: None: not known): a record under another id is another namespace's state at the same place
+    marker: str | None = None
 
 
 #: The lineage record is tiny; anything larger is not ours.
@@ -281,7 +284,8 @@ def read_lineage_why(root: Root) -> tuple[Lineage | None, str | None]:
             or not isinstance(record.get("namespace"), str):
         return None, "not a lineage record (no store and namespace)"
     generation, version = (_count(record.get(name)) for name in ("generation", "version"))
-    return Lineage(record["store"], record["namespace"], generation, version), None
+    marker = record.get("marker") if isinstance(record.get("marker"), str) and len(record["marker"]) <= 64 else None
+    return Lineage(record["store"], record["namespace"], generation, version, marker), None
 
 
 def _count(value: object) -> int | None:
@@ -306,6 +310,8 @@ def write_lineage(root: Root, lineage: Lineage, durable: bool = True) -> None:
                     record["generation"] = lineage.generation
                 if lineage.version is not None:
                     record["version"] = lineage.version
+                if lineage.marker is not None:
+                    record["marker"] = lineage.marker
                 os.write(fd, json.dumps(record).encode())
                 if durable:
                     os.fsync(fd)

@@ -28,6 +28,7 @@ from sidecar.marker import (
     later_stamp,
     marker_generation,
     marker_identity,
+    marker_lineage,
     next_stamp,
     prune_phase,
     read_marker,
@@ -97,6 +98,7 @@ class Taken:
     pruned: bool = False  # a prune deleted the namespace meanwhile: it starts empty
     marker: bool = False  # a marker was there when the restore began
     prune: bool = False  # what it replaced was a prune's pending marker (a prune cut short, or killed)
+    lineage: str | None = None  # the namespace's lineage id the marker found carries (:func:`marker_lineage`)
 
 
 async def take_for_restore(store: Store, identity: dict[str, str], namespace: str, *, take: bool = True,
@@ -138,19 +140,21 @@ async def take_for_restore(store: Store, identity: dict[str, str], namespace: st
             log.warning("namespace_pruned", namespace=log.printable(where),
                         detail=f"namespace {log.printable(where)} was pruned after its session ended: starting empty")
         released = not marker or is_released(marker)
-        found = Taken(marker_generation(marker), 0, released, pruned, bool(marker))
+        found = Taken(marker_generation(marker), 0, released, pruned, bool(marker), lineage=marker_lineage(marker))
         if not take or not (phase == PRUNE_PENDING or (marker and released)):
             return found
         seen = marker.get(STORED_VERSION, 0)
         stamp = later_stamp(held_stamp(marker))
         window, margin = carried_window(marker)
-        ours = Marker(stamp, RESUMING + uuid.uuid4().hex, time.time(), dict(identity), window=window, margin=margin)
+        ours = Marker(stamp, RESUMING + uuid.uuid4().hex, time.time(), dict(identity), window=window, margin=margin,
+                      lineage=marker_lineage(marker))
         if (await swap(store, ours, stamp, if_version=seen, expected=info)).version == stamp:
             if phase == PRUNE_PENDING:
                 log.info("prune_cancelled", namespace=log.printable(where),
                          detail="a prune was about to delete this namespace: taken over, every object kept")
             # a prune's pending marker hid whether the owner before it had released: wait as if not
-            return Taken(found.generation, stamp, released and phase is None, pruned, True, phase == PRUNE_PENDING)
+            return Taken(found.generation, stamp, released and phase is None, pruned, True, phase == PRUNE_PENDING,
+                         found.lineage)
         # changed since it was read (a prune's next phase, another claim): read it again
 
 
@@ -181,7 +185,8 @@ async def hand_over(store: Store, attempts: int = 5) -> Handover | None:
         stamp = next_stamp(max(held_stamp(current), floor))
         held = not is_released(current)
         window, margin = carried_window(current)
-        ours = Marker(stamp, HANDED_OVER, time.time() if held else 0, window=window, margin=margin)
+        ours = Marker(stamp, HANDED_OVER, time.time() if held else 0, window=window, margin=margin,
+                      lineage=marker_lineage(current))
         if (await swap(store, ours, stamp, if_version=seen, expected=marker)).version == stamp:
             return Handover(marker_identity(current), stamp >> 32, held)
     raise StoreError("the owner marker changed at every attempt (a sidecar keeps claiming this namespace): "

@@ -54,6 +54,11 @@ class Writer:
             self.fenced.set()
             metrics.FENCED.set(1)
 
+    @property
+    def lineage(self) -> str | None:
+        """The namespace's lineage id our marker carries, once claimed (None before, or no fence)."""
+        return self._fence.lineage if self._fence is not None else None
+
     async def claim(self) -> None:
         """Claim the namespace (:meth:`Fence.claim`); raises :class:`Fenced` or ``StoreError``."""
         if self._fence is None:

@@ -54,6 +54,7 @@ from sidecar.marker import (
     held_stamp,
     later_stamp,
     marker_identity,
+    marker_lineage,
     next_stamp,
     read_marker,
     read_marker_info,
@@ -143,7 +144,8 @@ class Pruner:
         stamp = next_stamp(held_stamp(marker))
         # the owner's write window as its marker records it (a pending marker carries it on)
         window, margin = _recorded(marker, self.window, self.margin)
-        ours = Marker(stamp, PRUNE_OWNER + uuid.uuid4().hex, 0.0, identity, window=window, margin=margin)
+        ours = Marker(stamp, PRUNE_OWNER + uuid.uuid4().hex, 0.0, identity, window=window, margin=margin,
+                      lineage=marker_lineage(marker))
         if not deleting(marker):  # a prune that died deleting goes on at once: nobody restores a half namespace
             if not await _mark(store, ours, stamp, seen, PRUNE_PENDING, info):
                 return Result(name, SKIPPED, why="its owner marker changed meanwhile: every object kept")

@@ -31,11 +31,12 @@ async def finish(plan: Finish, by_name: dict[str, Root], lineage: Lineage, unrec
         await record_lineage(by_name[name], lineage, unrecorded)
 
 
-def lineage_of(store: Store, namespace: str, generation: int = 0, version: int | None = None) -> Lineage:
+def lineage_of(store: Store, namespace: str, generation: int = 0, version: int | None = None,
+               marker: str | None = None) -> Lineage:
     """The lineage a root this sidecar fills or mirrors is recorded with: the store's description
-    (secret-free, with its prefix), the namespace path, the generation of the state it holds and
-    the highest version the store may hold of it (None: not recorded)."""
-    return Lineage(store.description, namespace, generation, version)
+    (secret-free, with its prefix), the namespace path, the generation of the state it holds, the
+    highest version the store may hold of it and the namespace's lineage id (None: not recorded)."""
+    return Lineage(store.description, namespace, generation, version, marker)
 
 
 async def record_lineage(root: Root, lineage: Lineage, unrecorded: set[str] | None = None) -> bool | None:

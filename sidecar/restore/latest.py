@@ -118,7 +118,8 @@ class _Restore(Objects):
 
 async def restore(store: Store, roots: list[Root], *, mode: str = "auto", concurrency: int = 16,
                   deadline: float = 0.0, on_corrupt: str = "fail", max_file_size: int = 2**63, namespace: str = "",
-                  ignore: IgnoreRules | None = None, marker_generation: int = 0) -> tuple[Listing, RestoreResult]:
+                  ignore: IgnoreRules | None = None, marker_generation: int = 0,
+                  marker_lineage: str | None = None) -> tuple[Listing, RestoreResult]:
     """Restore by the rule (:func:`~sidecar.restore.plan.decide_restore`) while the store is listed; the
     listing (the store's content, for mirroring) and what was restored. A listing or bundle read
     that fails transiently is retried until ``deadline`` (monotonic; by default not at all). An
@@ -127,10 +128,11 @@ async def restore(store: Store, roots: list[Root], *, mode: str = "auto", concur
     names, with the store's description, the lineage (:func:`lineage_of`) the roots are checked
     against and recorded with; ``marker_generation``, the generation of the namespace's owner
     marker read before the restore: a root is held only when its record's generation is no older
-    (:func:`~sidecar.restore.plan.holds`), and the roots recorded now carry it. Files ``ignore`` says
+    and its lineage id (``marker_lineage``, the marker's) the same (:func:`~sidecar.restore.plan.holds`),
+    and the roots recorded now carry them. Files ``ignore`` says
     are never mirrored (by default, the default rules) do not make a root hold files."""
     t0, result = time.monotonic(), RestoreResult()
-    lineage = lineage_of(store, namespace, marker_generation)
+    lineage = lineage_of(store, namespace, marker_generation, marker=marker_lineage)
     # Which roots may be filled depends on the disk alone; whether anything is stored for them
     # is known when the listing ends, and a root gets its restore marker with its first file.
     disk = {root.name: await _read_disk(root, lineage, ignore) for root in roots}

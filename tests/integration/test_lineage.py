@@ -67,12 +67,13 @@ def test_a_restore_records_its_store_and_namespace_and_the_record_is_never_mirro
     assert r.returncode == 0, r.stderr
     assert disk_tree(work / ".checkpoints") == STORED
     # the version: the highest stored of what the restore placed (a copy of this disk is older once more is)
-    assert record(work) == {"store": f"file://{top}", "namespace": "team/s1", "generation": 1, "version": ANY}
+    assert record(work) == {"store": f"file://{top}", "namespace": "team/s1", "generation": 1, "version": ANY,
+                            "marker": ANY}
     assert record(work)["version"] > 0
     assert not (work / ".checkpoints" / RESTORE_MARKER).exists()
     sync_once(work, env)
     assert record(work) == {"store": f"file://{top}", "namespace": "team/s1", "generation": 2,  # its claim's
-                            "version": ANY}
+                            "version": ANY, "marker": ANY}
     assert not list(top.rglob(LINEAGE_FILE)), "the record was mirrored"
     assert store_tree(top) == STORED
 
@@ -89,7 +90,7 @@ def test_a_root_the_host_creates_later_is_recorded_before_its_first_upload(tmp_p
         wait_for(lambda: store_tree(tmp_path / "store") == {"c/1.json": b"x"}, 15, "the first upload", sc.log)
         # recorded with the generation of this sidecar's claim
         assert record(work) == {"store": f"file://{tmp_path / 'store'}", "namespace": "", "generation": 1,
-                                "version": ANY}
+                                "version": ANY, "marker": ANY}
         assert record(work)["version"] > 0  # raised before the upload was sent
         shutil.rmtree(work / ".checkpoints")  # the host removes the root, the record with it
         sc.wait_event("root_gone")  # a root gone as a whole is not "every file deleted"
@@ -416,7 +417,8 @@ def test_an_azure_record_names_the_container_and_no_credential(tmp_path, azurite
     work.mkdir()
     mirror(work, env, {"a.json": b"a"})
     text = (work / ".checkpoints" / LINEAGE_FILE).read_text()
-    assert json.loads(text) == {"store": f"{url}/agents/s1", "namespace": "agents/s1", "generation": 1, "version": ANY}
+    assert json.loads(text) == {"store": f"{url}/agents/s1", "namespace": "agents/s1", "generation": 1, "version": ANY,
+                                "marker": ANY}
     assert azurite.key not in text and "AccountKey" not in text
     shutil.rmtree(work / ".checkpoints")
     write_atomic(work / ".checkpoints" / "stray.json", b"image")

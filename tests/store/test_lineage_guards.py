@@ -225,3 +225,48 @@ async def test_a_copy_taken_mid_session_is_merged_never_the_truth(make_store, tm
     assert "the disk is the truth" not in d.reason, d
     assert await stored(store) == everything, "the copy rolled the store back"
     assert disk_tree(copy / ROOT) == everything  # merged: the later files restored beside the copy's
+
+
+async def test_a_disk_filled_against_a_store_that_was_not_mounted_is_merged(tmp_path):
+    """The store's volume was not mounted once (an empty directory at its path), then was again:
+    the disk a compute filled against the empty one has a record of the same store, namespace and
+    generation, yet is not the real store's disk (outside tester, round 2: taken for the truth, it
+    deleted the session's checkpoints). The marker's lineage id tells the two apart: merged."""
+    from sidecar.store.directory import DirectoryStore
+
+    path = tmp_path / "mnt" / "store"
+    path.mkdir(parents=True)
+    work = tmp_path / "work"
+    work.mkdir()
+
+    async def compute(writes: dict[str, bytes]) -> InProcess:
+        s, roots = settings_for(work, str(path), restore_point_interval=0, reconcile_interval=0)
+        store = DirectoryStore(str(path), "")
+        life = InProcess(s, roots, store)
+
+        async def host(_: InProcess) -> None:
+            for rel, data in writes.items():
+                write_atomic(work / ROOT / rel, data)
+            with anyio.fail_after(30):
+                while {k: v for k, v in (await stored(store)).items() if k in writes} != writes:
+                    await anyio.sleep(0.01)  # a poll's pace
+
+        assert await run_sync(life, host) == 0
+        return life
+
+    await compute({"ctx/A.json": b"A", "ctx/B.json": b"B"})  # the real store, on its volume
+    shutil.rmtree(work)
+    work.mkdir()  # a new compute's empty disk
+    path.rename(tmp_path / "volume")  # the volume is not mounted: an empty directory at its path
+    path.mkdir()
+    more = {f"ctx/C{i}.json": b"C" for i in range(5)}  # more writes than the real store's: a higher version
+    await compute(more)
+    path.rename(tmp_path / "mount-point")  # (what was written onto the mount point stays under it)
+    (tmp_path / "volume").rename(path)  # mounted again; the compute's container restarts on its disk
+    life = await compute({})
+    [d] = [d for d in life.daemon.startup.restored.decisions if d.name == ROOT]
+    assert "the disk is the truth" not in d.reason, d
+    real = DirectoryStore(str(path), "")
+    await real.open()
+    assert await stored(real) == {"ctx/A.json": b"A", "ctx/B.json": b"B", **more}
+    await real.aclose()
