@@ -364,7 +364,8 @@ async def test_as_of_forced_makes_each_root_equal_the_point(make_store, tmp_path
     [aside] = done.aside
     assert (Path(aside.into), aside.root, sorted(aside.paths), aside.moved) == (into, root, MOVED, len(MOVED))
     assert moved_tree([into]) == {
-        "d0/": "", "d0/0.json": "an older copy", "d0/3.json": str(outside / "theirs.json"), "d1/": "", "d1/extra.json": "extra", "d2/": "",
+        "d0/": "", "d0/0.json": "an older copy", "d0/3.json": str(outside / "theirs.json"), "d1/": "",
+        "d1/extra.json": "extra", "d2/": "",
         "d2/5.json/": "", "d2/5.json/inner.json": "where the point has a file", "d2/5.json/x.tmp": "ignored",
         "empty/": "", "link": str(outside),
         "new\nline.json": "a name to escape", "old/": "", "old/deep/": "", "old/deep/x.json": "x", "stale.json": "stale"}
