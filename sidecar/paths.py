@@ -90,6 +90,13 @@ def make_roots(paths: list[str], cwd: str) -> list[Root]:
         for b in roots:
             if a is not b and is_within(b.path, a.path):
                 raise ValueError(f"root {b.path!r} lies inside root {a.path!r}")
+    real = {r.path: os.path.realpath(r.path) for r in roots}  # the directories the names lead to
+    for a in roots:
+        for b in roots:
+            if a is not b and is_within(real[b.path], real[a.path]):
+                same = "is the same directory as" if real[a.path] == real[b.path] else "lies inside"
+                raise ValueError(f"root {b.path!r} {same} root {a.path!r} through a symbolic link "
+                                 f"({real[b.path]!r}): it would be mirrored twice; configure one of them")
     return roots
 
 

@@ -93,3 +93,16 @@ def test_a_component_named_like_the_stores_own_records_is_refused(key, tmp_path)
     (tmp_path / ".checkpoints" / "plain.json").write_bytes(b"y")
     assert set(scan_root(root, IgnoreRules())[0]) == {".checkpoints/plain.json"}
     assert split_key(".checkpoints/sidecar/.sidecarx/owner", ROOTS)[1] == ["sidecar", ".sidecarx", "owner"]
+
+
+def test_make_roots_refuses_one_directory_under_two_names(tmp_path):
+    """``SIDECAR_ROOTS=data,alias`` with ``alias -> data`` was mirrored twice (outside tester,
+    round 2), as ``data,./data`` is refused; so is a link into another root."""
+    (tmp_path / "data" / "inner").mkdir(parents=True)
+    (tmp_path / "alias").symlink_to(tmp_path / "data")
+    (tmp_path / "into").symlink_to(tmp_path / "data" / "inner")
+    with pytest.raises(ValueError, match="is the same directory as root .* through a symbolic link"):
+        make_roots(["data", "alias"], str(tmp_path))
+    with pytest.raises(ValueError, match="lies inside root .* through a symbolic link"):
+        make_roots(["data", "into"], str(tmp_path))
+    assert [r.name for r in make_roots(["data", "other"], str(tmp_path))] == ["data", "other"]
