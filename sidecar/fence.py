@@ -82,6 +82,8 @@ from sidecar.store.base import (  # noqa: F401 (the version constants are part o
 )
 from sidecar.takeover import IdentityConflict, Taken, conflict, hand_over, take_for_restore  # noqa: F401 (likewise)
 
+#: fence_wait's words when the namespace holds objects but no owner marker (deleted meanwhile).
+UNMARKED = "the namespace holds objects but no owner marker (deleted?): an owner may still be writing"
 #: fence_wait's words when the marker found was a prune's ``pending`` one, not a sidecar's.
 PRUNE_LEFT = ("a prune that did not end (killed, or cut short) left its pending marker on this namespace, so "
               "whether the sidecar before it released the namespace cannot be told")
@@ -214,8 +216,11 @@ class Fence:
         # No clock of another machine is compared with ours: a predecessor that did not release
         # the namespace (still draining, or gone without a word) may write until its last proof
         # plus one window, so our first write waits a whole window and the margin, on our own
-        # monotonic clock, from now. A released marker (heartbeat 0) or none: no wait.
-        released = not current or is_released(current)
+        # monotonic clock, from now. A released marker (heartbeat 0), or none over a namespace that
+        # holds nothing: no wait. None over stored objects (a marker deleted to "clear a lock")
+        # tells nothing of an owner that may still write: waited out like a held one.
+        released = is_released(current) or (not current and not self.floor)
+        unmarked = not current and not released
         pruned = prune_phase(current) == PRUNE_PENDING
         if self.taken is not None and self.taken.stamp and current.get(STORED_VERSION) == self.taken.stamp:
             released = self.taken.released  # our take-over marker stands for the one it replaced
@@ -227,7 +232,8 @@ class Fence:
         self.waited = wait > 0
         if wait > 0:
             log.warning("fence_wait", seconds=round(wait, 1), previous_generation=marked >> 32,
-                        detail=(PRUNE_LEFT if pruned else "the previous sidecar did not release this namespace")
+                        detail=(PRUNE_LEFT if pruned else UNMARKED if unmarked
+                                else "the previous sidecar did not release this namespace")
                         + "; our uploads wait out its write window (its SIDECAR_FENCE_WINDOW + SIDECAR_FENCE_MARGIN "
                           "as its marker records them, or ours when longer)")
         if self.on_wait is not None:

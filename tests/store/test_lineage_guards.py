@@ -47,7 +47,9 @@ async def stored(store) -> dict[str, bytes]:
 async def mirror(make_store, work: Path, writes: dict[str, bytes] | None = None, prefix: str = "") -> InProcess:
     """One compute: restore, write ``writes`` (paths below the root) once mirroring, drain, exit 0.
     Its own store (the lifecycle closes it)."""
-    s, roots = settings_for(work, "unused", restore_point_interval=0, reconcile_interval=0, prefix=prefix)
+    # a short fence window: a claim over a held (or deleted) marker waits it out, then checks
+    s, roots = settings_for(work, "unused", restore_point_interval=0, reconcile_interval=0, prefix=prefix,
+                            fence_window=0.2, fence_margin=0.2)
     store = await make_store(prefix)
     life = InProcess(s, roots, store)
 

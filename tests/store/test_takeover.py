@@ -111,12 +111,14 @@ async def mirrored_by_a(make_store, tmp_path: Path, held: bool = True) -> int:
 
 
 async def take_over(make_store, tmp_path: Path, late_change, *, stop_at_once: bool, held: bool = True,
-                    hang: bool = False, **settings: object) -> tuple[int, Path, object, LateWrites]:
+                    hang: bool = False, unmarked: bool = False, **settings: object) -> tuple[int, Path, object, LateWrites]:
     """B restores, A's ``late_change(store, version)`` lands before B's claim, B mirrors, then is
     shut down (at once, or once its store equals its disk); (exit code, B's work dir, a store,
-    B's store)."""
+    B's store). ``unmarked``: A's marker deleted before B starts (an operator "clearing a lock")."""
     generation = await mirrored_by_a(make_store, tmp_path, held)
     raw = await make_store("")
+    if unmarked:
+        await raw.delete(OWNER_KEY)
 
     async def late() -> None:  # A's next version (its generation, a counter above its writes so far)
         await late_change(raw, generation << VERSION_COUNTER_BITS | 1 << 30)
@@ -199,3 +201,15 @@ async def test_a_take_over_sets_back_a_root_the_new_disk_never_had(make_store, t
     assert not (work / ".function_approvals").exists()
     assert [i.key async for i in store.list(".function_approvals/")] == [], "A's late file crossed into B's state"
     assert await objects(store) == FILES
+
+
+@pytest.mark.parametrize("stop_at_once", [True, False], ids=["drain", "mirroring"])
+async def test_a_take_over_of_a_namespace_whose_marker_was_deleted_waits_and_checks(make_store, tmp_path,
+                                                                                    stop_at_once):
+    """No owner marker over a namespace that holds objects tells nothing of an owner still
+    writing (outside tester, round 2: it counted as released, so neither the wait nor the check
+    ran and A's late delete stood). Waited out and checked like a held marker."""
+    code, work, store, _ = await take_over(make_store, tmp_path, delete_cp, stop_at_once=stop_at_once, unmarked=True)
+    assert code == 0
+    assert disk(work) == FILES
+    assert await objects(store) == FILES, "the store kept the previous owner's late delete"
