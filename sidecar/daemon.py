@@ -128,7 +128,11 @@ class Daemon:
     async def _ours(self, root: Root) -> bool:
         """Whether ``root``'s lineage record says it is this namespace's disk, held as it was last
         stored (see sidecar.restore.plan.holds)."""
-        return holds(await anyio.to_thread.run_sync(read_lineage, root), self.lineage, self.startup.marker_generation)
+        record = await anyio.to_thread.run_sync(read_lineage, root)
+        # recorded under the lineage id read at start-up, or (once rewritten after our claim) ours
+        found = self.startup.taken.lineage if self.startup.taken is not None else None
+        return any(holds(record, replace(self.lineage, marker=marker), self.startup.marker_generation)
+                   for marker in {found, self.lineage.marker})
 
     # -- phase 1: restore --------------------------------------------------------------------
     async def prepare(self) -> Startup:
