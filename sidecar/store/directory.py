@@ -60,16 +60,14 @@ import stat
 import threading
 import time
 from contextlib import suppress
-from dataclasses import dataclass
 from itertools import islice
 from typing import AsyncIterator, Callable, Generator, Iterator, Mapping, TypeVar
-from urllib.parse import unquote, urlsplit
 
 import anyio
 import anyio.to_thread
 
 from sidecar import log
-from sidecar.paths import UnsafeKey, check_local_path, validate_relpath
+from sidecar.paths import UnsafeKey, validate_relpath
 from sidecar.store.base import (
     CHUNK_BYTES,
     NotFound,
@@ -79,6 +77,7 @@ from sidecar.store.base import (
     StoreError,
     StoreFull,
     Stream,
+    TransientStoreError,
     supersedes,
 )
 from sidecar.store.dirfs import (
@@ -93,6 +92,7 @@ from sidecar.store.dirfs import (
     _clock_at,
     _fill,
     _fsync_dir,
+    _identity,
     _key_order,
     _Link,
     _lstat_at,
@@ -105,9 +105,9 @@ from sidecar.store.dirfs import (
     _unlink_durably,
     _unlink_quietly,
     _write_atomic,
-    device_of,
 )
 from sidecar.store.dirlayout import Layout
+from sidecar.store.dirlocation import DirectoryLocation, parse_url  # noqa: F401 (the registry's entry point)
 
 T = TypeVar("T")
 
@@ -141,6 +141,9 @@ class DirectoryStore(Layout):
         self._temps_cleaned = False
         self._temps_lock = threading.Lock()  # a writer's first puts run at once: one cleans, all wait
         self._links_told: set[str] = set()  # symlinks a listing skipped, named once each
+        #: the store directory opened (st_dev, st_ino): every later request checks it is still that
+        #: one (None: not there when opened)
+        self._base_id: tuple[int, int] | None = None
 
     # -- helpers ---------------------------------------------------------------------------
     def _parts(self, key: str) -> list[str]:
@@ -163,9 +166,21 @@ class DirectoryStore(Layout):
         return StoreError(f"directory store {self.base}: refusing to follow the symlink {e.where!r} inside the "
                           f"store{on_the_way}; remove it")
 
+    def _same_base(self) -> None:
+        """Raise :class:`TransientStoreError` when the store's directory is not the one opened (a
+        volume unmounted, its empty mount point in its place): writing there would make a second
+        store at the same path, and what is read there is not this store."""
+        if self._base_id is not None and _identity(self.base) != self._base_id:
+            raise TransientStoreError(f"directory store {self.base} is not the directory it was when opened (a volume "
+                                      "unmounted or replaced?): nothing is read or written there until it is back")
+
     async def _run(self, fn: Callable[..., T], *args: object, key: str | None = None) -> T:
+        def checked() -> T:
+            self._same_base()
+            return fn(*args)
+
         try:
-            return await anyio.to_thread.run_sync(fn, *args, limiter=self._limiter)
+            return await anyio.to_thread.run_sync(checked, limiter=self._limiter)
         except (NotFound, StoreError):
             raise
         except _Link as e:
@@ -208,6 +223,7 @@ class DirectoryStore(Layout):
                 os.close(fd)
 
         await self._run(check, key=self.prefix)
+        self._base_id = _identity(self.base)  # (None: not made, read-only: nothing to compare)
 
     async def put(self, key: str, data: bytes | Source, meta: ObjectMeta, if_version: int | None = None, *,
                   expected: ObjectInfo | None = None) -> ObjectInfo:
@@ -520,70 +536,6 @@ class DirectoryStore(Layout):
 
 
 # -- the registry's entry points (sidecar.store.registry) -----------------------------------------
-
-@dataclass(frozen=True)
-class DirectoryLocation:
-    """A directory store's ``SIDECAR_STORE``: the directory (``~`` expanded; relative to the
-    working directory unless absolute)."""
-
-    path: str
-
-    @property
-    def local_path(self) -> str:
-        return self.path
-
-    def check_volume(self, platform: str, roots: list[str], cwd: str,
-                     container_root: str = "/") -> list[tuple[str, dict[str, str]]]:
-        """On a container platform (``platform``) the directory must be a mounted volume: one that
-        does not exist is never created (it would be on the container's own disk, gone with it,
-        and a restore from it would look like a first boot): ValueError, one line. One that
-        exists yet lies on the container's own disk is a warning (an event and its fields): on
-        the filesystem of ``container_root`` (the root/overlay filesystem: the platform did not
-        mount the volume over the image's directory), ``store_on_container_disk``; on that of a
-        root, ``store_on_root_filesystem``. What cannot be inspected is left to the store's own
-        open, which says what is wrong."""
-        path = os.path.normpath(os.path.join(cwd, self.path))
-        try:
-            store_dev = os.stat(path).st_dev
-        except FileNotFoundError:
-            shown = log.printable(path[:200], ascii=True) + (f"...({len(path)} characters)" if len(path) > 200 else "")
-            raise ValueError(
-                f"SIDECAR_STORE: the directory store {shown} does not exist, and {platform} says this runs on a "
-                "container platform, where the store must be a mounted volume: it is never created on the container's "
-                "own disk; mount the volume there or fix the path (SIDECAR_PREFIX names a directory inside it)") from None
-        except OSError:
-            return []
-        warnings: list[tuple[str, dict[str, str]]] = []
-        if device_of(container_root) == store_dev:
-            warnings.append(("store_on_container_disk", {
-                "store": path, "platform": platform,
-                "detail": "the directory store is on the container's own root filesystem, lost with the container: "
-                          "a mounted volume is expected there (was it mounted?)"}))
-        shared = [r for r in roots if device_of(r) == store_dev]
-        if shared:
-            warnings.append(("store_on_root_filesystem", {
-                "store": path, "roots": ",".join(shared), "platform": platform,
-                "detail": "the directory store is on the same filesystem as the mirrored roots: on a container "
-                          "platform that is likely the compute's own disk, lost with it; mount a volume for "
-                          "SIDECAR_STORE"}))
-        return warnings
-
-
-def parse_url(url: str, env: Mapping[str, str]) -> DirectoryLocation:
-    """A path, or ``file:///absolute/path``; ValueError, one line, for anything else."""
-    parts = urlsplit(url)
-    if parts.scheme:
-        if parts.netloc not in ("", "localhost"):
-            raise ValueError(f"a file: URL must be file:///absolute/path; this one names the host "
-                             f"{ascii(parts.hostname or '')[:62]} (file://relative/x is not a relative path)")
-        if not parts.path.startswith("/"):
-            raise ValueError("a file: URL must be file:///absolute/path")
-        path = unquote(parts.path)
-    else:
-        path = os.path.expanduser(url)
-    check_local_path(path, "the store")
-    return DirectoryLocation(path)
-
 
 def make(location: DirectoryLocation, prefix: str, *, create: bool, concurrency: int, env: Mapping[str, str],
          writes: bool | None = None) -> DirectoryStore:

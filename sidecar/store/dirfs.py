@@ -63,6 +63,15 @@ class _Link(Exception):
         self.where = where
 
 
+def _identity(path: str) -> tuple[int, int] | None:
+    """``path``'s directory as (st_dev, st_ino), following links; None when it cannot be read."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
 def _lstat_at(dfd: int, name: str) -> os.stat_result | None:
     try:
         return os.stat(name, dir_fd=dfd, follow_symlinks=False)
