@@ -104,31 +104,34 @@ def scan_root(root: Root, ignore: IgnoreRules, gaps: Gaps | None = None) -> tupl
             gaps.unreadable[rel_dir] = e.strerror or type(e).__name__
             continue
         with it:
-            for entry in it:
-                key = f"{rel_dir}/{entry.name}"
-                if "\\" in entry.name or (not entry.name.isascii() and not _utf8(entry.name)):
-                    if not ignored(entry.name):
-                        _refuse_once(key)  # never mirrored, whatever the store (see unmirrorable_reason)
-                    continue
-                try:
-                    if entry.is_symlink():
-                        links.append(key)
-                    elif entry.is_dir(follow_symlinks=False):
-                        if entry.name not in RESERVED_NAMES:  # a nested namespace's own records: never mirrored
-                            stack.append((key, entry.path))
-                    elif entry.is_file(follow_symlinks=False) and not ignored(entry.name):
-                        if len(key) > MAX_KEY_BYTES and len(key.encode("utf-8", "surrogateescape")) > MAX_KEY_BYTES:
-                            gaps.unstorable.append(key)
-                            continue
-                        st = entry.stat(follow_symlinks=False)
-                        files[key] = LocalStat(
-                            st.st_size, st.st_mtime_ns, st.st_mode & 0o7777, st.st_ino, st.st_ctime_ns
-                        )
-                except FileNotFoundError:
-                    continue  # vanished mid-scan
-                except OSError as e:  # listed but not stat-able (a directory without x permission)
-                    gaps.unreadable[rel_dir] = e.strerror or type(e).__name__
-                    continue
+            try:
+                for entry in it:
+                    key = f"{rel_dir}/{entry.name}"
+                    if "\\" in entry.name or (not entry.name.isascii() and not _utf8(entry.name)):
+                        if not ignored(entry.name):
+                            _refuse_once(key)  # never mirrored, whatever the store (see unmirrorable_reason)
+                        continue
+                    try:
+                        if entry.is_symlink():
+                            links.append(key)
+                        elif entry.is_dir(follow_symlinks=False):
+                            if entry.name not in RESERVED_NAMES:  # a nested namespace's own records: never mirrored
+                                stack.append((key, entry.path))
+                        elif entry.is_file(follow_symlinks=False) and not ignored(entry.name):
+                            if len(key) > MAX_KEY_BYTES and len(key.encode("utf-8", "surrogateescape")) > MAX_KEY_BYTES:
+                                gaps.unstorable.append(key)
+                                continue
+                            st = entry.stat(follow_symlinks=False)
+                            files[key] = LocalStat(
+                                st.st_size, st.st_mtime_ns, st.st_mode & 0o7777, st.st_ino, st.st_ctime_ns
+                            )
+                    except FileNotFoundError:
+                        continue  # vanished mid-scan
+                    except OSError as e:  # listed but not stat-able (a directory without x permission)
+                        gaps.unreadable[rel_dir] = e.strerror or type(e).__name__
+                        continue
+            except OSError as e:  # the listing failed part way (an I/O error, a /proc entry)
+                gaps.unreadable[rel_dir] = e.strerror or type(e).__name__
     return files, links
 
 

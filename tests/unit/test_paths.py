@@ -106,3 +106,37 @@ def test_make_roots_refuses_one_directory_under_two_names(tmp_path):
     with pytest.raises(ValueError, match="lies inside root .* through a symbolic link"):
         make_roots(["data", "into"], str(tmp_path))
     assert [r.name for r in make_roots(["data", "other"], str(tmp_path))] == ["data", "other"]
+
+
+def test_a_listing_that_fails_part_way_is_a_gap_not_a_crash(tmp_path, monkeypatch):
+    """A directory whose listing raises after its first entries (``SIDECAR_ROOTS=/proc``:
+    ``/proc/1/map_files``; an I/O error): unreadable, said as a gap (outside tester, round 2: an
+    unexpected ExceptionGroup stopped the sidecar and its host)."""
+    import os
+
+    from sidecar.localfs import Gaps, scan_root
+
+    (tmp_path / "r" / "bad").mkdir(parents=True)
+    (tmp_path / "r" / "bad" / "a.json").write_bytes(b"a")
+    (tmp_path / "r" / "ok.json").write_bytes(b"ok")
+    real = os.scandir
+
+    class Failing:
+        def __init__(self, path):
+            self.it = real(path)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.it.close()
+
+        def __iter__(self):
+            yield from []
+            raise PermissionError(13, "Permission denied", str(tmp_path / "r" / "bad"))
+
+    monkeypatch.setattr(os, "scandir", lambda p: Failing(p) if str(p).endswith("/bad") else real(p))
+    gaps = Gaps()
+    files, _ = scan_root(Root("r", str(tmp_path / "r")), IgnoreRules(), gaps)
+    assert list(files) == ["r/ok.json"]
+    assert gaps.unreadable == {"r/bad": "Permission denied"}
