@@ -17,9 +17,10 @@ import anyio
 
 from sidecar import log
 from sidecar.errors import EXIT_CONFIG, fail, first_of
-from sidecar.marker import OWNER_KEY, STORED_VERSION, marker_identity, read_marker_info
+from sidecar.marker import OWNER_KEY, STORED_VERSION, UNREADABLE, marker_identity, read_marker_info
 from sidecar.namespace import SESSION_VAR, NamespaceError, references, resolve
 from sidecar.ops.sessionplan import Group, Grouper, owner
+from sidecar.paths import UnsafeKey, validate_relpath
 from sidecar.store.base import Store, StoreError
 
 if TYPE_CHECKING:
@@ -106,9 +107,25 @@ class StoreClock:
         return self._at + (time.monotonic() - self._mono)
 
 
+def unsafe_name(namespace: str) -> str | None:
+    """Why a namespace's name (a directory someone made in a directory store, say) can be no
+    sidecar's and no store request's (a backslash, NUL, ``..``): None when it can. Such a
+    namespace is listed as of an unknown owner, never pruned, and never stops the others."""
+    if not namespace:
+        return None
+    try:
+        validate_relpath(namespace)
+    except UnsafeKey as e:
+        return str(e)
+    return None
+
+
 async def read_marker_at(store: Store, namespace: str) -> dict:
     """The owner marker of ``namespace`` (relative to ``store``'s prefix), read through the top
-    store (bytes and time only: :data:`STORED_VERSION` is not trusted there); {} when absent."""
+    store (bytes and time only: :data:`STORED_VERSION` is not trusted there); {} when absent; for
+    a namespace whose name is unsafe (:func:`unsafe_name`), unreadable."""
+    if why := unsafe_name(namespace):
+        return {UNREADABLE: f"its name is no namespace's ({why})"}
     fields, _ = await read_marker_info(store, f"{namespace}/{OWNER_KEY}" if namespace else OWNER_KEY)
     fields.pop(STORED_VERSION, None)
     return fields

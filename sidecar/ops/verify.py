@@ -42,9 +42,10 @@ import anyio
 from sidecar import log
 from sidecar.errors import EXIT_DAMAGED, EXIT_OK, fail, first_of
 from sidecar.log import rfc3339
-from sidecar.ops.namespaces import full_name, groups, namespace_store, start_operator
+from sidecar.ops.namespaces import full_name, groups, namespace_store, start_operator, unsafe_name
 from sidecar.ops.verifyplan import (
     BAD_BYTES,
+    NAMESPACE,
     OBJECT,
     POINT,
     Damage,
@@ -328,11 +329,15 @@ async def reports(top: Store, store_for: Callable[[str], Store], read_data: bool
         def nested(directory: str, ns: str = ns) -> bool:
             return full_name(ns, directory) in seen
 
-        store = store_for(ns)
-        try:
-            report = await check_namespace(store, ns, nested, read_data, parallel)
-        finally:
-            await store.aclose()
+        if why := unsafe_name(ns):  # no store request can name it: said, the others go on
+            report = Report(ns, group.objects, group.points, group.bytes,
+                            damaged=[Damage(ns, NAMESPACE, [f"its name is no namespace's ({why}): not verified"])])
+        else:
+            store = store_for(ns)
+            try:
+                report = await check_namespace(store, ns, nested, read_data, parallel)
+            finally:
+                await store.aclose()
         seen.add(ns)
         yield report
 

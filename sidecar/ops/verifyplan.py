@@ -23,7 +23,7 @@ from sidecar.points.plan import chains, link_error
 from sidecar.store.base import ObjectInfo, sane_version
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-OBJECT, POINT = "object", "point"
+OBJECT, POINT, NAMESPACE = "object", "point", "namespace"
 NO_SHA256 = "no sha256 recorded (its metadata is missing or unreadable): the store cannot vouch for its bytes"
 BAD_BYTES = "its bytes do not hash to its recorded sha256"
 
