@@ -40,7 +40,7 @@ import anyio.to_thread
 
 from sidecar import log, tarstream
 from sidecar.known import StoreState
-from sidecar.localfs import FileSource, Unstable, Vanished, absent, hash_stable, read_stable, scan_root
+from sidecar.localfs import FileSource, TooLarge, Unstable, Vanished, absent, hash_stable, read_stable, scan_root
 from sidecar.metrics import Totals
 from sidecar.paths import IgnoreRules, Root, split_key
 from sidecar.store.base import OWN_NAMESPACE, NotFound, ObjectInfo, ObjectMeta, Store, StoreError
@@ -309,8 +309,11 @@ class Committer:
     namespace), which it never bypasses."""
 
     def __init__(self, writer: Writer, roots: list[Root], ignore: IgnoreRules, known: StoreState, *,
-                 max_file_size: int, totals: Totals, intact: Callable[[Root], bool] = lambda root: True) -> None:
+                 max_file_size: int, totals: Totals, intact: Callable[[Root], bool] = lambda root: True,
+                 on_skip: Callable[[str, Root, list[str], str, str], None] = lambda *a: None) -> None:
         self.writer = writer
+        #: told of a file a commit leaves out (key, root, parts, "too_large" or "unreadable", why)
+        self.on_skip = on_skip
         #: whether a root is the directory being mirrored: a commit deletes nothing while it is not
         self.intact = intact
         self.roots_by_name = {r.name: r for r in roots}
@@ -326,6 +329,8 @@ class Committer:
 
     async def commit(self, root: Root, keys: list[str]) -> bool:
         """Commit ``keys`` of ``root`` as one consistent state; False when the disk moved."""
+
+        skipped: list[tuple[str, list[str], str, str]] = []
 
         def snapshot() -> list[Change] | None:
             before, _ = scan_root(root, self.ignore)
@@ -343,6 +348,12 @@ class Committer:
                             data, meta = hash_stable(root, parts, self.max_file_size)
                     except (Vanished, Unstable):
                         return None
+                    except TooLarge as e:  # left out, as a per-file upload skips it: its stored version stays
+                        skipped.append((key, parts, "too_large", str(e)))
+                        continue
+                    except OSError as e:  # unreadable: likewise, never blocking the root's other files
+                        skipped.append((key, parts, "unreadable", e.strerror or type(e).__name__))
+                        continue
                     changes.append(Change(key, data, meta))
                 elif key in self.known and absent(root, key.split("/", 1)[1]):
                     changes.append(Change(key, None, None))  # gone for sure: not merely unreadable
@@ -354,6 +365,8 @@ class Committer:
             return changes
 
         changes = await anyio.to_thread.run_sync(snapshot)
+        for key, where, reason, why in skipped:
+            self.on_skip(key, root, where, reason, why)
         if changes is None:
             return False
         changes = [c for c in changes if c.meta is None or not (

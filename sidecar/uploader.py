@@ -89,7 +89,7 @@ class Uploader:
         self.intact = intact
         self.hints = Hints(roots, ignore, self.known, self, intact)
         self.committer = Committer(writer, roots, ignore, self.known, max_file_size=max_file_size,
-                                   totals=self.totals, intact=intact)
+                                   totals=self.totals, intact=intact, on_skip=self.hints.skip)
         self._dirty_since: dict[str, float] = {}
         #: when each queued delete was last seen (monotonic), for :data:`DELETE_SETTLE`
         self._delete_seen: dict[str, float] = {}
