@@ -404,8 +404,9 @@ async def _held_live(store: Store, live_within: float, store_url: str, namespace
     ``sessions`` judges it (:func:`sidecar.ops.sessionplan.owner`); a prune deleting it counts too (a
     release would hand a half-deleted namespace to the next sidecar)."""
     from sidecar.fence import PRUNE_DELETING, marker_identity, prune_phase, read_marker_info
+    from sidecar.marker import UNREADABLE
     from sidecar.namespace import command_for, describe_identity
-    from sidecar.ops.sessionplan import LIVE, PRUNING, owner
+    from sidecar.ops.sessionplan import LIVE, PRUNING, UNKNOWN, owner
 
     marker, info = await read_marker_info(store)
     if info is None:
@@ -419,6 +420,11 @@ async def _held_live(store: Store, live_within: float, store_url: str, namespace
                 "release would hand the half-deleted namespace to the next sidecar: let that prune end, or, if "
                 "none runs any more, finish it (a dead prune's namespace is finished whatever --older-than "
                 f"says): {finish}; to release it half-deleted anyway: {force}")
+    if who == UNKNOWN and info.modified is not None and now - info.modified < live_within:
+        return (f"its marker cannot be read ({log.printable(str(marker.get(UNREADABLE)))}), yet it was written "
+                f"{_ago(info.modified, now)} by the store's clock (within SIDECAR_LIVE_WITHIN={live_within:g}s): a running "
+                "sidecar may hold it, and a release would fence it, losing what it has not stored yet: stop it first, or "
+                f"wait until it is older than that; to fence whatever holds it and release now: {force}")
     if who != LIVE:
         return None
     held = log.printable(describe_identity(marker_identity(marker)))

@@ -185,3 +185,19 @@ async def test_restore_as_of_into_roots_a_sidecar_may_mirror_is_refused(make_sto
         assert why in line, line
         assert not (work / ".checkpoints" / "a.json").exists()  # nothing placed
     assert await still_owns(fence)
+
+
+async def test_release_refuses_an_unreadable_marker_written_within_the_live_window(make_store, settings_for, capsys):
+    """A marker that cannot be read tells no owner, but one written seconds ago may be a live
+    sidecar's (outside tester, round 2: the release a refusal recommends fenced a live owner).
+    Refused, as a live owner is, unless --force."""
+    store = await make_store(NS)
+    garbled = b"not a marker {"
+    await store.put(OWNER_KEY, garbled, ObjectMeta.of(garbled, 1 << 32, 0o600, version=1 << 32))
+    settings, roots = settings_for()
+    assert await lifecycle.release(settings, roots) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert "its marker cannot be read (not a JSON object), yet it was written" in line, line
+    assert line.endswith("checkpoint-sidecar release --force"), line
+    assert (await store.get(OWNER_KEY))[0] == garbled
+    assert await lifecycle.release(settings, roots, force=True) == 0, capsys.readouterr().err
