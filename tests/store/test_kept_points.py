@@ -28,28 +28,41 @@ async def until(cond, what: str, timeout: float = 30) -> None:
             await anyio.sleep(0.02)  # a poll's pace
 
 
-async def test_the_points_after_a_root_came_back_keep_the_files_it_lacks(make_store, tmp_path):
-    store = await make_store("")
+NEW = {".checkpoints/r2/new.json": b'{"step": 9}'}
+
+
+def one_root(tmp_path: Path, **settings: object):
+    """(work, its .checkpoints root, settings, roots) of a session mirroring that one root."""
     work = tmp_path / "work"
     cps = work / ".checkpoints"
     cps.mkdir(parents=True)
-    settings, roots = settings_for(work, str(tmp_path / "unused"), restore_point_interval=0.2,
-                                   reconcile_interval=0, roots=[str(cps)])
-    new = {".checkpoints/r2/new.json": b'{"step": 9}'}
+    return (work, cps, *settings_for(work, str(tmp_path / "unused"), reconcile_interval=0, roots=[str(cps)],
+                                     **settings))
+
+
+async def gone_and_back(life: InProcess, work: Path, cps: Path, before_it_goes) -> None:
+    """The host writes the five files; once ``before_it_goes()`` returns, the root goes as a whole
+    and is made again with :data:`NEW` only; until the five are kept."""
+    for key, data in FIVE.items():
+        write_atomic(Path(work, key), data)
+    await before_it_goes()
+    shutil.rmtree(cps)  # the root goes as a whole
+    await until(lambda: _false(life.daemon.health.ready), "the root counted as gone")
+    for key, data in NEW.items():  # made again by the host, with a new file only
+        write_atomic(Path(work, key), data)
+    await until(lambda: _true(life.daemon.ledger.kept_keys == set(FIVE)), "the five kept")
+
+
+async def test_the_points_after_a_root_came_back_keep_the_files_it_lacks(make_store, tmp_path):
+    store = await make_store("")
+    work, cps, settings, roots = one_root(tmp_path, restore_point_interval=0.2)
+    new = NEW  # what the host makes the root with again
+
+    async def pointed(want):
+        return await newest_tree(store) == want
 
     async def host(life: InProcess) -> None:
-        for key, data in FIVE.items():
-            write_atomic(Path(work, key), data)
-
-        async def pointed(want):
-            return await newest_tree(store) == want
-
-        await until(lambda: pointed(FIVE), "a point of the five files")
-        shutil.rmtree(cps)  # the root goes as a whole
-        await until(lambda: _false(life.daemon.health.ready), "the root counted as gone")
-        for key, data in new.items():  # made again by the host, with a new file only
-            write_atomic(Path(work, key), data)
-        await until(lambda: _true(life.daemon.ledger.kept_keys == set(FIVE)), "the five kept")
+        await gone_and_back(life, work, cps, lambda: until(lambda: pointed(FIVE), "a point of the five files"))
         await until(lambda: _has(store, new), "a point with the new file")
         tree = await newest_tree(store)
         assert tree == {**FIVE, **new}, f"the newest point dropped what the store keeps: {sorted(tree or ())}"
@@ -76,22 +89,11 @@ async def test_no_point_lacks_what_the_store_keeps_when_no_earlier_point_holds_i
     a full one without the kept files (nothing to carry them from), so no point is written
     (outside tester, round 2: ``restore --as-of`` of that point, then ``sync``, deleted them)."""
     store = await make_store("")
-    work = tmp_path / "work"
-    cps = work / ".checkpoints"
-    cps.mkdir(parents=True)
-    settings, roots = settings_for(work, str(tmp_path / "unused"), restore_point_interval=3600,
-                                   reconcile_interval=0, roots=[str(cps)])
-    new = {".checkpoints/r2/new.json": b'{"step": 9}'}
+    work, cps, settings, roots = one_root(tmp_path, restore_point_interval=3600)
 
     async def host(life: InProcess) -> None:
-        for key, data in FIVE.items():
-            write_atomic(Path(work, key), data)
-        await until(lambda: _true(set(FIVE) <= set(life.daemon.known.objects_in({".checkpoints"}))), "five stored")
-        shutil.rmtree(cps)
-        await until(lambda: _false(life.daemon.health.ready), "the root counted as gone")
-        for key, data in new.items():
-            write_atomic(Path(work, key), data)
-        await until(lambda: _true(life.daemon.ledger.kept_keys == set(FIVE)), "the five kept")
+        stored = lambda: _true(set(FIVE) <= set(life.daemon.known.objects_in({".checkpoints"})))  # noqa: E731
+        await gone_and_back(life, work, cps, lambda: until(stored, "five stored"))
 
     assert await run_sync(InProcess(settings, roots, store), host) == 0
     tree = await newest_tree(await make_store(""))
@@ -102,9 +104,7 @@ async def test_a_skipped_file_is_carried_not_recorded_as_deleted(make_store, tmp
     """A stored file the sidecar now skips (above a lowered SIDECAR_MAX_FILE_SIZE, or unreadable):
     the store keeps it, and so does every point (outside tester, round 2: the next point recorded
     it as deleted)."""
-    work = tmp_path / "work"
-    cps = work / ".checkpoints"
-    cps.mkdir(parents=True)
+    work, cps, settings, roots = one_root(tmp_path, restore_point_interval=0.2)
     big = {".checkpoints/r1/big.json": b"x" * 5000}
 
     async def first(life: InProcess) -> None:
@@ -112,8 +112,6 @@ async def test_a_skipped_file_is_carried_not_recorded_as_deleted(make_store, tmp
             write_atomic(Path(work, key), data)
         await until(lambda: _has(life.store, {**FIVE, **big}), "a point with every file")
 
-    settings, roots = settings_for(work, str(tmp_path / "unused"), restore_point_interval=0.2,
-                                   reconcile_interval=0, roots=[str(cps)])
     assert await run_sync(InProcess(settings, roots, await make_store("")), first) == 0
     new = {".checkpoints/r1/later.json": b'{"step": 10}'}
 
