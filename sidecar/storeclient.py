@@ -1,15 +1,16 @@
 """The store client for a command's settings: the one place the sidecar makes a store from
 (:func:`sidecar.store.make_store` is called nowhere else); and what a command says when the store
-is not where it looks (:func:`missing`, :func:`say_if_missing`), or holds, elsewhere than this
+is not where it looks (:func:`missing`, :func:`say_if_missing`; :func:`printing` for a read-only
+command's errors), or holds, elsewhere than this
 namespace, state an older release kept (:func:`report_legacy_state`)."""
 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Awaitable, Callable
 
 from sidecar import log
-from sidecar.errors import StoreConfigError
+from sidecar.errors import StoreConfigError, fail
 
 if TYPE_CHECKING:
     from sidecar.config import Settings
@@ -70,6 +71,28 @@ async def missing(store: Store) -> str | None:
     if await store.exists():
         return None
     return f"the store {store.description} is not there: check SIDECAR_STORE"
+
+
+async def printing(store: Store, body: Callable[[], Awaitable[None]], cannot_read: str, cannot_write: str,
+                   opening: Callable[[], Awaitable[None]] | None = None) -> int | None:
+    """Run a read-only command's ``body`` (it prints as it reads) on ``store``: opened here (by
+    ``opening``, when it retries), told :func:`missing`, closed afterwards. None once done; else
+    the exit code of one line: ``cannot_read`` and the store's error, or ``cannot_write`` and why
+    the output failed (a closed pipe, a full disk)."""
+    from sidecar.store.base import StoreError
+
+    try:
+        await (opening or store.open)()
+        if why := await missing(store):
+            return fail(why)
+        await body()
+    except StoreError as e:
+        return fail(f"{cannot_read}: {e}")
+    except OSError as e:
+        return fail(f"{cannot_write}: {e.strerror or type(e).__name__}")
+    finally:
+        await store.aclose()
+    return None
 
 
 async def say_if_missing(store: Store) -> None:

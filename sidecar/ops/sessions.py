@@ -12,11 +12,10 @@ from typing import Any
 
 from sidecar import log
 from sidecar.config import Settings
-from sidecar.errors import EXIT_OK, fail
+from sidecar.errors import EXIT_OK
 from sidecar.namespace import describe_identity
 from sidecar.ops.namespaces import Namespace, full_name, start_operator, walk
-from sidecar.store.base import StoreError
-from sidecar.storeclient import missing, open_store
+from sidecar.storeclient import open_store, printing
 
 HEADER = f"{'NAMESPACE':<44} {'OWNER':<8} {'FILES':>7} {'BYTES':>12} {'LAST WRITE (UTC)':<24} {'POINTS':>6}  IDENTITY"
 
@@ -45,18 +44,12 @@ async def command(settings: Settings, json_lines: bool, live_within: float) -> i
     settings = started
     store = open_store(settings, read_only=True)
     prefix = settings.namespace.path
-    try:
-        await store.open()
-        if why := await missing(store):
-            return fail(why)
+
+    async def body() -> None:
         if not json_lines:
             print(HEADER, flush=True)
         async for ns in walk(store, live_within):
             print(json.dumps(as_json(ns, prefix)) if json_lines else as_text(ns, prefix), flush=True)
-    except StoreError as e:
-        return fail(f"cannot list the namespaces of {store.description}: {e}")
-    except OSError as e:  # a closed pipe, a full disk
-        return fail(f"cannot write the list: {e.strerror or type(e).__name__}")
-    finally:
-        await store.aclose()
-    return EXIT_OK
+
+    failed = await printing(store, body, f"cannot list the namespaces of {store.description}", "cannot write the list")
+    return EXIT_OK if failed is None else failed

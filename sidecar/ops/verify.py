@@ -64,7 +64,7 @@ from sidecar.points.format import EntryMismatch, PointError, PointName, parse_po
 from sidecar.restore.points import open_point
 from sidecar.retry import retry_transient
 from sidecar.store.base import NotFound, ObjectInfo, Store, StoreError, close_chunks
-from sidecar.storeclient import missing, open_store
+from sidecar.storeclient import open_store, printing
 from sidecar.tarstream import drain
 
 if TYPE_CHECKING:
@@ -352,10 +352,9 @@ async def command(settings: Settings, read_data: bool, as_json_lines: bool) -> i
     top = open_store(settings, read_only=True)
     parallel = max(1, min(settings.concurrency, PARALLEL))
     count = damaged = 0
-    try:
-        await retry_transient(top.open, "open", time.monotonic() + RETRY_SECONDS)
-        if why := await missing(top):
-            return fail(why)
+
+    async def body() -> None:
+        nonlocal count, damaged
         async for report in reports(top, partial(namespace_store, settings, prefix, concurrency=parallel), read_data,
                                     parallel):
             count += 1
@@ -364,12 +363,11 @@ async def command(settings: Settings, read_data: bool, as_json_lines: bool) -> i
                 print(json.dumps(as_json(report, prefix)), flush=True)
             else:
                 print("\n".join(as_text(report, prefix)), flush=True)
-    except StoreError as e:
-        return fail(f"cannot verify {top.description}: {e}")
-    except OSError as e:  # a closed pipe, a full disk
-        return fail(f"cannot write the report: {e.strerror or type(e).__name__}")
-    finally:
-        await top.aclose()
+
+    opening = partial(retry_transient, top.open, "open", time.monotonic() + RETRY_SECONDS)
+    if (failed := await printing(top, body, f"cannot verify {top.description}", "cannot write the report",
+                                 opening)) is not None:
+        return failed
     if not count:  # as for a store that is not there: nothing verified is never a sound store
         shown = log.printable(prefix) or "(top of the store)"
         return fail(f"no namespace below the prefix {shown!r} in {top.description}: nothing was verified (check "
