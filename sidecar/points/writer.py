@@ -145,7 +145,8 @@ class PointWriter:
         skipped one's) is not written into a point from the disk; but it is not deleted either: the
         entry the last point has for it is carried, so that no point records as deleted what the
         store still holds (a restore of that point, then a sidecar taking its disk for the truth,
-        would delete it); with no entry to carry, no point is written (:meth:`_uncovered`)."""
+        would delete it), when it is of the version the store keeps; with no such entry to carry,
+        no point is written (:meth:`_uncovered`)."""
         if not self.idle():
             return None
         kept_roots, kept_keys = self.excluded()
@@ -159,8 +160,8 @@ class PointWriter:
         if self.chain is not None:
             for key, meta in self.chain.tree.items():
                 if key not in tree and (key in kept_keys or key in skipped or key.partition("/")[0] in kept_roots) \
-                        and key in self.known:
-                    tree[key] = meta
+                        and (stored := self.known.get(key)) is not None and stored.version == meta.version:
+                    tree[key] = meta  # the version the store keeps: an older one would be no point of now
                     carried.add(key)
         return tree, carried
 

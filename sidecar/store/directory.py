@@ -141,9 +141,9 @@ class DirectoryStore(Layout):
         self._temps_cleaned = False
         self._temps_lock = threading.Lock()  # a writer's first puts run at once: one cleans, all wait
         self._links_told: set[str] = set()  # symlinks a listing skipped, named once each
-        #: the store directory opened (st_dev, st_ino): every later request checks it is still that
-        #: one (None: not there when opened)
-        self._base_id: tuple[int, int] | None = None
+        #: the store directory opened (its inode, :func:`_identity`): every later request checks it
+        #: is still that one (None: not there when opened)
+        self._base_id: int | None = None
 
     # -- helpers ---------------------------------------------------------------------------
     def _parts(self, key: str) -> list[str]:

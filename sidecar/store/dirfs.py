@@ -63,13 +63,14 @@ class _Link(Exception):
         self.where = where
 
 
-def _identity(path: str) -> tuple[int, int] | None:
-    """``path``'s directory as (st_dev, st_ino), following links; None when it cannot be read."""
+def _identity(path: str) -> int | None:
+    """Which directory ``path`` is, following links: its inode (None when it cannot be read).
+    Not its device: a network or FUSE volume mounted again gets a new device number, yet is the
+    same store; an empty mount point in its place is another inode than the volume's root."""
     try:
-        st = os.stat(path)
+        return os.stat(path).st_ino
     except OSError:
         return None
-    return (st.st_dev, st.st_ino)
 
 
 def _lstat_at(dfd: int, name: str) -> os.stat_result | None:

@@ -13,6 +13,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+from sidecar.store.base import ObjectInfo
 from support import write_atomic
 from tests.inprocess import InProcess, run_sync, settings_for
 from tests.pointkit import newest_tree
@@ -125,3 +126,36 @@ async def test_a_skipped_file_is_carried_not_recorded_as_deleted(make_store, tmp
                                    reconcile_interval=0, roots=[str(cps)], max_file_size=1000)
     assert await run_sync(InProcess(settings, roots, await make_store("")), second) == 0
     assert await newest_tree(await make_store("")) == {**FIVE, **big, **new}
+
+
+async def test_a_skipped_file_is_never_carried_at_a_version_the_store_no_longer_keeps(make_store, tmp_path):
+    """A file stored at v2 after the last point, then skipped (too large now): carrying the last
+    point's v1 wrote a point that said v1 while the store kept v2, and ``restore --as-of`` of it,
+    then ``sync``, overwrote v2 (outside tester, round 3). Only the stored version is carried;
+    without it, no point."""
+    work, cps, settings, roots = one_root(tmp_path, restore_point_interval=0.2)
+    big = ".checkpoints/r1/big.json"
+
+    async def first(life: InProcess) -> None:
+        for key, data in {**FIVE, big: b"v1"}.items():
+            write_atomic(Path(work, key), data)
+        await until(lambda: _has(life.store, {**FIVE, big: b"v1"}), "a point with v1")
+
+    assert await run_sync(InProcess(settings, roots, await make_store("")), first) == 0
+    before = await point_keys(await make_store(""))
+
+    async def second(life: InProcess) -> None:
+        write_atomic(Path(work, big), b"v2: stored, in no point")
+        await until(lambda: _true((life.daemon.known.get(big) or ObjectInfo(big, 0)).size == 23), "v2 stored")
+        write_atomic(Path(work, big), b"x" * 6000)  # now too large: skipped, the store keeps v2
+        write_atomic(Path(work, ".checkpoints/r1/later.json"), b"later")
+
+    settings, roots = settings_for(work, str(tmp_path / "unused"), restore_point_interval=3600, reconcile_interval=0,
+                                   roots=[str(cps)], max_file_size=1000)
+    assert await run_sync(InProcess(settings, roots, await make_store("")), second) == 0
+    if await point_keys(await make_store("")) != before:  # a point written after v2 was stored
+        assert (await newest_tree(await make_store(""))).get(big) != b"v1", "a point says v1 while the store keeps v2"
+
+
+async def point_keys(store) -> list[str]:
+    return sorted([i.key async for i in store.list(".sidecar/points/")])
