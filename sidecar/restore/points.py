@@ -156,6 +156,7 @@ class PointFeed:
         self.offered: set[str] = set()
         self.listed = anyio.Event()
         self._offers = anyio.Event()
+        self._waiting = 0  # points waiting for an offer: only then is an offer announced
 
     async def prepare(self, deadline: float) -> None:
         """Choose the newest usable chain (an unreadable point is left out, once, with a warning)
@@ -193,8 +194,9 @@ class PointFeed:
         from an opened one when its entry matches, or deferred to the unread increment that
         should hold its version (:func:`~sidecar.restore.plan.holding_point`)."""
         self.offered.add(info.key)
-        self._offers.set()
-        self._offers = anyio.Event()
+        if self._waiting:
+            self._offers.set()
+            self._offers = anyio.Event()
         merging = root.name in self.merging
         if plan.point_source(info, self.tree, merging=merging, max_file_size=self.max_file_size) is not None:
             self.taken[info.key] = (root, info)
@@ -216,7 +218,11 @@ class PointFeed:
         if key not in self.offered and not self.listed.is_set() and waiting is not None:
             await waiting()
         while key not in self.offered and not self.listed.is_set():
-            await self._offers.wait()  # (set, and replaced, at each offer and at the listing's end)
+            self._waiting += 1
+            try:
+                await self._offers.wait()  # (set, and replaced, at an offer while waited for, and at the listing's end)
+            finally:
+                self._waiting -= 1
 
     async def place(self, place: Place,
                     waiting: Callable[[], Awaitable[None]] | None = None) -> list[tuple[Root, ObjectInfo]]:
