@@ -66,6 +66,10 @@ PAGE_RESULTS = 5000
 #: commit, so memory stays bounded whatever the size.
 MAX_SINGLE_PUT_SIZE = 8 * 1024 * 1024
 
+#: The most bytes of an answer's body read from the connection at once (the SDK's own default when it
+#: makes the transport; one made here would read 4 KiB at a time: a thousand reads per chunk).
+READ_BLOCK = 256 * 1024
+
 #: Connections per operation in flight (see :func:`pool_size`).
 POOL_PER_OPERATION = 2
 
@@ -172,7 +176,7 @@ class AzureBlobStore:
                 cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=False,
             )
             options: dict[str, Any] = dict(
-                transport=AioHttpTransport(session=session, session_owner=True,
+                transport=AioHttpTransport(session=session, session_owner=True, connection_data_block_size=READ_BLOCK,
                                            connection_timeout=s["connection_timeout"], read_timeout=s["read_timeout"]),
                 retry_policy=Retry(s["retry_backoff"], s["retry_total"]),
                 max_single_put_size=MAX_SINGLE_PUT_SIZE,
