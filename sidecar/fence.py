@@ -130,6 +130,8 @@ class Fence:
         self.proof = Proof(window, self.clock)  # our last proof of ownership
         #: the namespace's lineage id our marker carries (sidecar.marker.marker_lineage), once claimed
         self.lineage: str | None = None
+        #: the write window our marker records: ours, or a held predecessor's when longer
+        self.recorded_window = window
         self.fenced: str | None = None
         self.released = False  # release() ran: nothing more of ours is written
         self._writes = 0
@@ -171,7 +173,7 @@ class Fence:
         """Write our marker (``heartbeat``: now, unless given); False when the store holds a higher
         stamp (we are fenced) or, with ``if_version``, when the marker is no longer at that version."""
         ours = Marker(stamp, self.owner, time.time() if heartbeat is None else heartbeat, self.identity,
-                      self.interval, self.window, self.margin, lineage=self.lineage)
+                      self.interval, self.recorded_window, self.margin, lineage=self.lineage)
         info = await swap(self.store, ours, stamp, if_version=if_version, expected=self._marker)
         self._marker = info
         return info.version == stamp
@@ -202,6 +204,10 @@ class Fence:
         stamp = next_stamp(max(marked, lifted))
         # the namespace's lineage id, carried on; made at its first claim (or a marker without one)
         self.lineage = marker_lineage(current) or new_lineage()
+        # a held predecessor's longer window is recorded on: should we die before it has passed,
+        # the next claim still waits it out
+        if not is_released(current):
+            self.recorded_window = max(self.window, recorded_wait(current) - self.margin)
         sent = self.clock()
         # a compare-and-swap on the marker as read: of two claims from one read, one lands
         if not await self._write(stamp, if_version=current.get(STORED_VERSION, 0)):  # as stored

@@ -98,7 +98,9 @@ class Taken:
     pruned: bool = False  # a prune deleted the namespace meanwhile: it starts empty
     marker: bool = False  # a marker was there when the restore began
     prune: bool = False  # what it replaced was a prune's pending marker (a prune cut short, or killed)
-    lineage: str | None = None  # the namespace's lineage id the marker found carries (:func:`marker_lineage`)
+    #: the namespace's lineage id the marker found carries (:func:`marker_lineage`; "": a marker
+    #: without one, None: no marker)
+    lineage: str | None = None
 
 
 async def take_for_restore(store: Store, identity: dict[str, str], namespace: str, *, take: bool = True,
@@ -140,7 +142,9 @@ async def take_for_restore(store: Store, identity: dict[str, str], namespace: st
             log.warning("namespace_pruned", namespace=log.printable(where),
                         detail=f"namespace {log.printable(where)} was pruned after its session ended: starting empty")
         released = not marker or is_released(marker)
-        found = Taken(marker_generation(marker), 0, released, pruned, bool(marker), lineage=marker_lineage(marker))
+        # "" for a marker without a lineage id (an earlier release's): a record under an id is not its
+        found = Taken(marker_generation(marker), 0, released, pruned, bool(marker),
+                      lineage=(marker_lineage(marker) or "") if marker else None)
         if not take or not (phase == PRUNE_PENDING or (marker and released)):
             return found
         seen = marker.get(STORED_VERSION, 0)

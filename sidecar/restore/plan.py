@@ -114,10 +114,11 @@ def holds(record: Lineage | None, lineage: Lineage, marker_generation: int) -> b
     """Whether a root whose lineage record is ``record`` is held (the truth, see
     :func:`decide_restore`) by a sidecar of ``lineage``, when the namespace's owner
     marker was at ``marker_generation`` before the restore: the same store and namespace, and a
-    generation no older than the marker's, under the lineage id the marker carries (when both know
-    one). A disk that holds an older state of this namespace (a copy taken earlier, a node's disk
-    another compute of the session moved on from) is not, nor is one whose record carries no
-    generation, nor one filled against another store at the same place (another lineage id)."""
+    generation no older than the marker's, under the lineage id the marker carries (when the
+    record has one and there is a marker: one without an id, ``""``, is not the record's). A disk
+    that holds an older state of this namespace (a copy taken earlier, a node's disk another
+    compute of the session moved on from) is not, nor is one whose record carries no generation,
+    nor one filled against another store at the same place (another lineage id)."""
     return (record is not None and same_namespace(record, lineage)
             and record.generation is not None and record.generation >= marker_generation
             and (record.marker is None or lineage.marker is None or record.marker == lineage.marker))

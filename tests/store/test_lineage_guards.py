@@ -229,7 +229,8 @@ async def test_a_copy_taken_mid_session_is_merged_never_the_truth(make_store, tm
     assert disk_tree(copy / ROOT) == everything  # merged: the later files restored beside the copy's
 
 
-async def test_a_disk_filled_against_a_store_that_was_not_mounted_is_merged(tmp_path):
+@pytest.mark.parametrize("marker", ["with an id", "of an earlier release"])
+async def test_a_disk_filled_against_a_store_that_was_not_mounted_is_merged(tmp_path, marker):
     """The store's volume was not mounted once (an empty directory at its path), then was again:
     the disk a compute filled against the empty one has a record of the same store, namespace and
     generation, yet is not the real store's disk (outside tester, round 2: taken for the truth, it
@@ -257,6 +258,14 @@ async def test_a_disk_filled_against_a_store_that_was_not_mounted_is_merged(tmp_
         return life
 
     await compute({"ctx/A.json": b"A", "ctx/B.json": b"B"})  # the real store, on its volume
+    if marker == "of an earlier release":  # paused under a release whose marker had no lineage id
+        real = DirectoryStore(str(path), "")
+        await real.open()
+        data, info = await real.get(OWNER_KEY)
+        fields = {k: v for k, v in json.loads(data).items() if k != "lineage"}
+        data = json.dumps(fields).encode()
+        await real.put(OWNER_KEY, data, ObjectMeta.of(data, info.mtime_ns, 0o600, version=info.version))
+        await real.aclose()
     shutil.rmtree(work)
     work.mkdir()  # a new compute's empty disk
     path.rename(tmp_path / "volume")  # the volume is not mounted: an empty directory at its path

@@ -114,3 +114,17 @@ def test_a_take_over_waits_the_predecessors_recorded_window_when_longer(store, h
     shorter = Fence(store, window=60.0, margin=8.0, clock=lambda: now[0])  # ours longer: ours
     anyio.run(shorter.claim)
     assert shorter.writable_at == 1000.0 + 60.0 + 8.0
+
+
+def test_a_longer_window_is_recorded_on_by_the_claim_that_waited_it(store):
+    """B waited out A's longer window, then died before it had passed: its marker recorded only
+    its own, so C waited 10 s while A wrote on (outside tester, round 3). A claim over a held
+    marker records the longer of the two."""
+    anyio.run(Fence(store, window=30.0, margin=8.0).claim)  # A, running
+    now = [1000.0]
+    b = Fence(store, window=2.0, margin=8.0, clock=lambda: now[0])
+    anyio.run(b.claim)  # B claims (and dies: its marker stays held)
+    c = Fence(store, window=2.0, margin=8.0, clock=lambda: now[0])
+    anyio.run(c.claim)
+    assert c.writable_at == 1000.0 + 30.0 + 8.0
+    assert anyio.run(read_marker, store)["window"] == 30.0  # C records it on in turn
