@@ -5,9 +5,10 @@ lowered to 64 while it starts, restored at once), then the sidecar is frozen (SI
 thousands of files are created in new directories, some rewritten and some deleted, and thawed
 (SIGCONT): the kernel queue overflowed for certain and most events are gone.
 
-Checked: the store converges byte-exact anyway, and the log shows ``reconcile_found_changes``;
-the watch also repairs itself (directories created during the overflow got no inotify watch) without
-waiting for the periodic reconcile.
+Checked: the store converges byte-exact anyway, and the log shows the rescan that repaired it
+(``reconcile_found_changes``, or ``watch_overflow_suspected``: whichever sees it first, a matter of
+speed no verdict may depend on); the watch also repairs itself (directories created during the
+overflow got no inotify watch) without waiting for the periodic reconcile.
 """
 
 from __future__ import annotations
@@ -69,11 +70,14 @@ def test_overflow_is_repaired_by_reconciliation(work):
     sc, base, seen = start_overflowed(work, store, "--reconcile-interval", "1")
     try:
         wait_for(lambda: disk_tree(cps) == store_tree(store), 30, "the store to converge after the overflow")
-        assert events(sc, "reconcile_found_changes"), sc.log()[-3000:]
+        # said by whichever rescan saw it first: the periodic reconcile (counting the files it fixed
+        # that were over 2 s old), or the watcher's own after it suspected the overflow
         m = metrics(base)
-        assert m["checkpoint_sidecar_reconcile_fixes_total"] > 0
-        # the watcher saw far fewer events than the 2000 files written (the queue held 64)
-        assert m["checkpoint_sidecar_watch_events_total"] - seen < 2000
+        by_reconcile = events(sc, "reconcile_found_changes") and m["checkpoint_sidecar_reconcile_fixes_total"] > 0
+        assert by_reconcile or events(sc, "watch_overflow_suspected"), sc.log()[-3000:]
+        # events were lost: the watcher said so, or saw fewer than the 2000 files written (the queue
+        # held 64; the lineage record rewritten before each upload adds events of the sidecar's own)
+        assert events(sc, "watch_overflow_suspected") or m["checkpoint_sidecar_watch_events_total"] - seen < 2000
         assert sc.stop() == 0
     finally:
         sc.kill()
