@@ -18,11 +18,17 @@ def pytest_collection_modifyitems(config, items):
     The Azure variants of the process tests in ``tests/integration`` are ``slow``: CI runs them in
     its second tier. Each rule they check is the same on both stores (the store contract holds
     each backend to it, and the directory variant stays in the fast suite); what the Azure
-    variant adds is the wiring of real processes through the SDK."""
+    variant adds is the wiring of real processes through the SDK. Likewise the directory and Azure
+    variants of the store tests whose module sets ``FAST_BACKENDS``."""
     for item in items:
         if item.get_closest_marker("containers"):
             item.add_marker(pytest.mark.xdist_group("podman"))
         spec = getattr(item, "callspec", None)
         if (spec is not None and item.nodeid.startswith("tests/integration/")
                 and "azure" in spec.id.split("-")):
+            item.add_marker(pytest.mark.slow)
+        # a module of whole in-process sessions names the backends its rules run on in the fast
+        # suite (``FAST_BACKENDS``, the memory store's): the others are the wiring, in CI's second tier
+        fast = getattr(getattr(item, "module", None), "FAST_BACKENDS", None)
+        if fast is not None and spec is not None and spec.params.get("store_place") not in (*fast, None):
             item.add_marker(pytest.mark.slow)

@@ -39,6 +39,7 @@ def refused(sc: Sidecar) -> list[dict]:
     return [e for e in sc.events() if e.get("event") == "file_older_than_stored"]
 
 
+@pytest.mark.slow  # waits the fence window out; the rule runs in process (tests/store/test_takeover.py)
 def test_writes_land_after_the_owner_marker_is_deleted(target, tmp_path):
     """The finding: four computes write gen1..gen4, the marker is deleted (an operator freeing the
     namespace), then each of computes 5, 6 and 7 writes: each write must be stored."""

@@ -314,6 +314,7 @@ def test_an_older_copy_of_this_namespace_disk_is_merged_and_never_rolls_the_stor
     assert store_tree(tmp_path / "store" / "ns1") == {"c1/one.json": b"v2"}
 
 
+@pytest.mark.slow  # the rule runs in process in the fast suite (tests/store/test_lineage_guards.py)
 @pytest.mark.parametrize("marker", ["deleted", "rolled back"])
 def test_an_older_copy_is_merged_when_the_owner_marker_is_deleted_or_rolled_back(tmp_path, marker):
     """Issue #33, item 2: A writes a1, b1 (generation 1) and stops, its volume is copied; B writes a2

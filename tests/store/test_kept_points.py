@@ -19,6 +19,9 @@ from tests.inprocess import InProcess, run_sync, settings_for
 from tests.pointkit import newest_tree
 
 pytestmark = pytest.mark.anyio
+#: whole sessions in process: the rules on the memory store in the fast suite, the other stores in CI's
+#: second tier (tests/conftest.py)
+FAST_BACKENDS = ("memory",)
 
 FIVE = {f".checkpoints/r1/a{i}.json": f'{{"step": {i}}}'.encode() for i in range(5)}
 

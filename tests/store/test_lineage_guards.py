@@ -28,6 +28,9 @@ from support import disk_tree, write_atomic
 from tests.inprocess import InProcess, run_sync, settings_for
 
 pytestmark = pytest.mark.anyio
+#: whole sessions in process: the rules on the memory store in the fast suite, the other stores in CI's
+#: second tier (tests/conftest.py)
+FAST_BACKENDS = ("memory",)
 
 ROOT = ".checkpoints"
 
@@ -191,7 +194,7 @@ async def test_another_sessions_volume_whose_record_cannot_be_read_is_refused(ma
     assert "its lineage record" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("then", ["released", "held"])
+@pytest.mark.parametrize("then", ["released", pytest.param("held", marks=pytest.mark.slow)])
 async def test_a_copy_taken_mid_session_is_merged_never_the_truth(make_store, tmp_path, then):
     """A copy of the disk (a volume snapshot) taken while the session ran, started after the
     session wrote more: same generation as the marker, whether released or still held, yet older

@@ -17,6 +17,8 @@ from tests.pointkit import Counting, write_point
 from tests.proxy import Proxy
 
 pytestmark = pytest.mark.anyio
+#: request counts: the rule on the memory store in the fast suite, the real stores in CI's second tier
+FAST_BACKENDS = ("memory",)
 
 #: 2,000 files (the issue's figure) in the full run; 300 (two listing pages on Azure) in the fast one
 SIZES = pytest.mark.parametrize("files", [300, pytest.param(2000, marks=pytest.mark.nightly)])  # the same rule, at scale
@@ -55,6 +57,7 @@ async def test_a_fast_restore_of_2000_files_is_a_few_requests(make_store, tmp_pa
 
 
 @pytest.mark.azure
+@pytest.mark.slow  # the real store's requests: CI's second tier
 @SIZES
 async def test_http_requests_of_a_fast_restore_on_azure(azure_stores, azurite, tmp_path, files):
     with Proxy.before(azurite.url) as proxy:

@@ -28,6 +28,9 @@ from tests.inprocess import InProcess, run_sync, settings_for
 from tests.pointkit import newest_tree
 
 pytestmark = pytest.mark.anyio
+#: whole sessions in process: the rules on the memory store in the fast suite, the other stores (and the
+#: variants stopped while mirroring, not at once) in CI's second tier (tests/conftest.py)
+FAST_BACKENDS = ("memory",)
 
 CP = ".checkpoints/ctx/cp.json"
 FILES = {CP: b'{"step": 3}', ".checkpoints/ctx/old-1.json": b'{"step": 1}',
@@ -153,7 +156,7 @@ async def rewrite_old(store, version: int) -> None:
         await store.put(key, data, ObjectMeta.of(data, time.time_ns(), 0o644, version=version))
 
 
-@pytest.mark.parametrize("stop_at_once", [True, False], ids=["drain", "mirroring"])
+@pytest.mark.parametrize("stop_at_once", [True, pytest.param(False, marks=pytest.mark.slow)], ids=["drain", "mirroring"])
 @pytest.mark.parametrize("late_change", [delete_cp, rewrite_old], ids=["delete", "rewrite"])
 async def test_a_take_over_ends_with_the_store_equal_to_the_new_disk(make_store, tmp_path, late_change, stop_at_once):
     code, work, store, _ = await take_over(make_store, tmp_path, late_change, stop_at_once=stop_at_once)
@@ -191,7 +194,7 @@ async def write_a_root_b_lacks(store, version: int) -> None:
     await store.put(APPROVALS, data, ObjectMeta.of(data, time.time_ns(), 0o644, version=version))
 
 
-@pytest.mark.parametrize("stop_at_once", [True, False], ids=["drain", "mirroring"])
+@pytest.mark.parametrize("stop_at_once", [True, pytest.param(False, marks=pytest.mark.slow)], ids=["drain", "mirroring"])
 async def test_a_take_over_sets_back_a_root_the_new_disk_never_had(make_store, tmp_path, stop_at_once):
     """The predecessor's late write to a root of which nothing was stored at B's restore, so B's
     disk never had it (outside tester, round 2: it survived the check, and the next compute got
@@ -203,7 +206,7 @@ async def test_a_take_over_sets_back_a_root_the_new_disk_never_had(make_store, t
     assert await objects(store) == FILES
 
 
-@pytest.mark.parametrize("stop_at_once", [True, False], ids=["drain", "mirroring"])
+@pytest.mark.parametrize("stop_at_once", [True, pytest.param(False, marks=pytest.mark.slow)], ids=["drain", "mirroring"])
 async def test_a_take_over_of_a_namespace_whose_marker_was_deleted_waits_and_checks(make_store, tmp_path,
                                                                                     stop_at_once):
     """No owner marker over a namespace that holds objects tells nothing of an owner still
