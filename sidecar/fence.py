@@ -63,13 +63,13 @@ from sidecar.marker import (  # noqa: F401 (OWNER_KEY, marker_identity: the daem
     floor_stamp,
     held_stamp,
     is_released,
+    longer_window,
     marker_identity,
     marker_lineage,
     new_lineage,
     next_stamp,
     prune_phase,
     read_marker_info,
-    recorded_wait,
     stamp_of,
     stored_max_version,
     swap,
@@ -207,7 +207,7 @@ class Fence:
         # a held predecessor's longer window is recorded on: should we die before it has passed,
         # the next claim still waits it out
         if not is_released(current):
-            self.recorded_window = max(self.window, recorded_wait(current) - self.margin)
+            self.recorded_window = longer_window(current, self.window, self.margin)
         sent = self.clock()
         # a compare-and-swap on the marker as read: of two claims from one read, one lands
         if not await self._write(stamp, if_version=current.get(STORED_VERSION, 0)):  # as stored
@@ -231,9 +231,7 @@ class Fence:
         if self.taken is not None and self.taken.stamp and current.get(STORED_VERSION) == self.taken.stamp:
             released = self.taken.released  # our take-over marker stands for the one it replaced
             pruned = self.taken.prune
-        # the longer of our write window and the one the marker records: a predecessor trusts each
-        # proof for its own window, which may be longer than ours
-        wait = 0.0 if released else max(self.window + self.margin, recorded_wait(current))
+        wait = 0.0 if released else longer_window(current, self.window, self.margin) + self.margin
         self.writable_at = now + wait
         self.waited = wait > 0
         if wait > 0:

@@ -128,6 +128,13 @@ def recorded_wait(marker: dict) -> float:
     return min(number(marker.get("window"), float) + number(marker.get("margin"), float), MAX_RECORDED_WAIT)
 
 
+def longer_window(marker: dict, window: float, margin: float) -> float:
+    """The write window a claim or a prune over ``marker`` waits and records on: its own
+    ``window``, or the owner's as the marker records it (:func:`recorded_wait` less ``margin``)
+    when that is longer. A predecessor trusts each proof for its own window."""
+    return max(window, recorded_wait(marker) - margin)
+
+
 def carried_window(marker: dict) -> tuple[float | None, float | None]:
     """The ``window`` and ``margin`` a marker records (None: none recorded): a marker written over
     a held one (a take-over's, a hand-over's) carries them on, so that the next claim still waits

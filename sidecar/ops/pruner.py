@@ -12,7 +12,7 @@ and :meth:`sidecar.fence.Fence.claim`):
 2. **pending**: a compare-and-swap on the marker as read: a higher stamp, owner ``prune:<uuid>``,
    the same identity, ``"prune": {"phase": "pending"}``. A refused swap: skipped, nothing changed.
 3. Wait a **grace** of the fence's write window + margin, the owner's as its marker records them
-   when longer than this prune's own (:func:`sidecar.marker.recorded_wait`; the pending marker
+   when longer than this prune's own (:func:`sidecar.marker.longer_window`; the pending marker
    carries them on): an owner that proved its ownership just before (a stale one still running)
    has sent its last write by then, and a sidecar starting meanwhile takes the namespace over (it
    replaces a pending prune marker before it restores).
@@ -53,12 +53,12 @@ from sidecar.marker import (
     Proof,
     held_stamp,
     later_stamp,
+    longer_window,
     marker_identity,
     marker_lineage,
     next_stamp,
     read_marker,
     read_marker_info,
-    recorded_wait,
     remove,
     swap,
 )
@@ -143,7 +143,7 @@ class Pruner:
         seen = marker.get(STORED_VERSION, 0)
         stamp = next_stamp(held_stamp(marker))
         # the owner's write window as its marker records it (a pending marker carries it on)
-        window, margin = _recorded(marker, self.window, self.margin)
+        window, margin = longer_window(marker, self.window, self.margin), self.margin
         ours = Marker(stamp, PRUNE_OWNER + uuid.uuid4().hex, 0.0, identity, window=window, margin=margin,
                       lineage=marker_lineage(marker))
         if not deleting(marker):  # a prune that died deleting goes on at once: nobody restores a half namespace
@@ -250,14 +250,6 @@ async def _deletes_refused(store: Store) -> str | None:
     except StoreError as e:
         return f"refusing to prune it: the store refuses to delete there ({e})"
     return None
-
-
-def _recorded(marker: dict, window: float, margin: float) -> tuple[float, float]:
-    """The write window and margin a prune waits: its own, or the owner's as ``marker`` records
-    them (:func:`sidecar.marker.recorded_wait`) when their sum is longer."""
-    if recorded_wait(marker) <= window + margin:
-        return window, margin
-    return recorded_wait(marker) - margin, margin
 
 
 async def _mark(store: Store, ours: Marker, stamp: int, seen: int, phase: str, expected: ObjectInfo | None) -> bool:

@@ -39,7 +39,7 @@ def error_lines(stderr: str) -> list[str]:
 def live_session(target: Target, tmp_path: Path) -> tuple[Sidecar, Path]:
     work = tmp_path / "s1"
     work.mkdir()
-    sc = target.start(work, "sync", env=target.env(**SESSION))
+    sc = target.start(work, "sync", env=target.env(**SESSION, SIDECAR_FENCE_WINDOW="0.5"))  # proves often
     sc.wait_event("ready")
     write_atomic(work / ".checkpoints" / "r" / "private.json", b"s1's own")
     wait_for(lambda: target.read("agent/s1/.checkpoints/r/private.json") == b"s1's own", 20, "s1 stored")

@@ -290,6 +290,7 @@ def test_a_copied_volume_of_this_namespace_carries_its_record_and_is_the_truth(t
     assert "resp_2/b.json" not in store_tree(tmp_path / "store")
 
 
+@pytest.mark.slow  # its rule runs in process in tests/store/test_lineage_guards.py
 def test_an_older_copy_of_this_namespace_disk_is_merged_and_never_rolls_the_store_back(tmp_path):
     """A copy of this namespace's disk taken before another compute of the session moved on (a
     ``cp -a`` snapshot, a node's disk that comes back) holds an older generation than the owner
@@ -363,6 +364,7 @@ def test_an_older_copy_is_merged_when_the_owner_marker_is_deleted_or_rolled_back
 # -- another namespace's or store's disk: refused ---------------------------------------------
 
 
+@pytest.mark.slow  # its rule runs in process in tests/store/test_lineage_guards.py
 def test_a_volume_of_another_session_is_refused_and_neither_namespace_changes(tmp_path):
     """Issue #33, item 3: session s1's volume attached to s2's compute. The start is refused, exit 2,
     one line naming both namespaces; nothing of s1 enters s2, nothing of either is deleted; moved

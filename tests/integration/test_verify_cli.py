@@ -68,10 +68,11 @@ def test_a_stray_directory_with_a_backslash_stops_no_command(tmp_path):
 
     work, store = tmp_path / "work", tmp_path / "store"
     write_atomic(work / ".checkpoints" / "a.json", b"{}")
-    r = run_cli("run", "--store", str(store), "--", "true", cwd=work, env=sidecar_env(SIDECAR_PREFIX="agents/s1"))
+    short = {"SIDECAR_FENCE_WINDOW": "0.2", "SIDECAR_FENCE_MARGIN": "0.2"}  # prune's grace: their sum
+    r = run_cli("run", "--store", str(store), "--", "true", cwd=work, env=sidecar_env(SIDECAR_PREFIX="agents/s1", **short))
     assert r.returncode == 0, r.stderr
     shutil.copytree(store / "agents" / "s1", store / "agents" / "back\\slash")
-    env = sidecar_env(SIDECAR_PREFIX="agents")
+    env = sidecar_env(SIDECAR_PREFIX="agents", **short)
     sessions = run_cli("sessions", "--store", str(store), cwd=work, env=env)
     assert sessions.returncode == 0, sessions.stderr
     owners = {line.split()[0]: line.split()[1] for line in sessions.stdout.splitlines()[1:]}

@@ -224,6 +224,7 @@ async def test_a_prune_cancelled_in_its_grace_puts_the_marker_back(make_store, h
     assert (fence.writable_at <= time.monotonic()) == (heartbeat == 0)  # a stale owner is waited out
 
 
+@pytest.mark.process
 async def test_prune_interrupted_in_its_grace_exits_130_and_changes_nothing(make_store, store_place, tmp_path):
     """The process: Ctrl-C while the namespace waits its grace ends the prune (130), the released
     marker is back as it was, and every object is kept."""
@@ -325,6 +326,7 @@ class _Gateway(BaseHTTPRequestHandler):
         return None
 
 
+@pytest.mark.process
 async def test_prune_pushes_its_gauges(make_store, store_place, tmp_path):
     store = await make_store("s1")
     await seed(store, "s1", points=1)
@@ -349,6 +351,7 @@ async def test_prune_pushes_its_gauges(make_store, store_place, tmp_path):
     assert "checkpoint_sidecar_prune_last_success_timestamp_seconds " in text
 
 
+@pytest.mark.process
 async def test_prune_refuses_a_prefix_inside_a_namespace(make_store, store_place, tmp_path):
     store = await make_store("live1")
     data = b"paused workflow"
@@ -362,6 +365,7 @@ async def test_prune_refuses_a_prefix_inside_a_namespace(make_store, store_place
     assert await keys_below(make_store, "live1") == before
 
 
+@pytest.mark.process
 async def test_a_bad_pushgateway_is_refused_before_anything_is_pruned(make_store, store_place, tmp_path):
     store = await make_store("s1")
     await seed(store, "s1", points=0)
@@ -457,6 +461,7 @@ async def test_a_dry_run_only_reads_and_works_on_a_read_only_store(make_store, s
     assert wet.returncode != 0 and await keys_below(make_store, "s1") == before  # a real prune cannot write there
 
 
+@pytest.mark.process
 async def test_prune_of_a_store_that_is_not_there_says_so(store_place, tmp_path):
     url = store_place[0] if _backend(store_place) == "azure" else str(tmp_path / "no-such-store")
     said = {}
@@ -474,6 +479,7 @@ async def test_prune_of_a_store_that_is_not_there_says_so(store_place, tmp_path)
         assert not Path(url).exists()
 
 
+@pytest.mark.process
 async def test_prune_covers_every_session_whatever_the_session_id_says(make_store, store_place, tmp_path):
     for name in ("s1", "s2"):
         store = await make_store(f"agents/approvals/{name}")
@@ -694,6 +700,7 @@ async def test_a_store_that_lists_but_cannot_read_is_one_line(make_store, store_
     assert await keys_below(make_store, "s1") == before
 
 
+@pytest.mark.process
 async def test_a_prefix_with_nothing_below_it_is_empty(make_store, store_place, tmp_path):
     """``SIDECAR_PREFIX`` naming a folder not made yet in an existing store (a CronJob set up
     before the first session): nothing to prune, exit 0, and nothing made there; the store's
@@ -898,6 +905,7 @@ async def test_a_deleting_marker_that_proves_no_prune_waits_out_live_within(make
     assert len(await keys_below(make_store, "copied")) == 3 and len(await keys_below(make_store, "foreign")) == 3
 
 
+@pytest.mark.process
 async def test_a_prune_into_a_closed_pipe_prunes_every_namespace_and_says_one_line(make_store, store_place, tmp_path):
     """``prune | head -1`` once head has gone: it was "unexpected ExceptionGroup: BrokenPipeError"
     part way, namespaces left half-deleted (outside tester, round 2). The prune goes on to its

@@ -95,7 +95,8 @@ async def mirrored_by_a(make_store, tmp_path: Path, held: bool = True) -> int:
     draining (unless not ``held``: a clean exit); A's generation."""
     work = tmp_path / "a"
     (work / ".checkpoints").mkdir(parents=True)
-    settings, roots = settings_for(work, str(tmp_path / "unused"), reconcile_interval=0, restore_point_interval=0.2)
+    settings, roots = settings_for(work, str(tmp_path / "unused"), reconcile_interval=0, restore_point_interval=0.2,
+                                   **FENCE)  # the window A records: B waits it out
 
     async def host(life: InProcess) -> None:
         for key, data in FILES.items():
