@@ -232,7 +232,7 @@ class Daemon:
                       floor=start.stored_max_version, taken=start.taken, interval=s.heartbeat_interval,
                       store_url=s.store)
         self.writer = Writer(self.store, fence)
-        self.writer.on_version = self._raise_recorded_version
+        self.writer.on_version = self._version_records.cover
         self.takeover = TakeoverCheck(self.writer, self._relist_after_takeover)
         self.uploader = Uploader(self.writer, self.roots, self.ignore, start.known, concurrency=s.concurrency,
                                  max_file_size=s.max_file_size, snapshot_roots=self.snapshot_roots,
@@ -310,16 +310,13 @@ class Daemon:
                     async with self._records:
                         await record_lineage(root, self.lineage)
 
-    async def _raise_recorded_version(self, version: int) -> None:
-        """Before a write at ``version`` is sent: each root recorded as this namespace's disk says
-        the store may hold ``version``, so that a copy of this disk taken before the write is
-        older than the store once it lands (merged on a start, never the truth). The writes sent
-        while a record is rewritten wait for the next rewrite, which covers them all."""
-        await self._version_records.cover(version)
-
     async def _write_version(self, version: int) -> None:
-        """Rewrite the records (in a worker thread, not durable: one lost to a power cut only
-        makes this disk merged) with ``version`` or the higher one the lineage holds."""
+        """Before a write at ``version`` is sent (``self._version_records.cover``): each root
+        recorded as this namespace's disk says the store may hold ``version``, so that a copy of
+        this disk taken before the write is older than the store once it lands (merged on a start,
+        never the truth). The writes sent while the records are rewritten wait for the next
+        rewrite, which covers them all. In a worker thread, not durable: a record lost to a power
+        cut only makes this disk merged."""
         self.lineage = replace(self.lineage, version=max(version, self.lineage.version or 0))
         ledger = self.ledger
         roots = [root for root in self.roots if root.name not in ledger.lineage_due
