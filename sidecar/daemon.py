@@ -319,9 +319,10 @@ class Daemon:
         cut only makes this disk merged."""
         self.lineage = replace(self.lineage, version=max(version, self.lineage.version or 0))
         ledger = self.ledger
-        roots = [root for root in self.roots if root.name not in ledger.lineage_due
-                 and root.name not in ledger.incomplete and root.name not in ledger.unproven]
         async with self._records:
+            # chosen once the lock is ours: a due root recorded while we waited is rewritten too
+            roots = [root for root in self.roots if root.name not in ledger.lineage_due
+                     and root.name not in ledger.incomplete and root.name not in ledger.unproven]
             failed = await anyio.to_thread.run_sync(raise_lineage, roots, self.lineage)
         for root, e in failed:
             # the next start merges this root: nothing is lost
