@@ -28,7 +28,6 @@ from anyio.abc import TaskStatus
 from sidecar import log, metrics
 from sidecar.config import Settings
 from sidecar.fence import OWNER_KEY, Taken, take_for_restore
-from sidecar.groupcommit import GroupCommit
 from sidecar.health import Health, Phase, RestorePhase
 from sidecar.known import StoreState
 from sidecar.ledger import RootLedger
@@ -38,7 +37,7 @@ from sidecar.paths import IgnoreRules, Root, is_within
 from sidecar.plan import plan_reconcile_queue, plan_root_keep
 from sidecar.restore.latest import RestoreResult, check_foreign, lineage_of, record_lineage, restore
 from sidecar.restore.plan import holds
-from sidecar.restorefs import lineage_recorded, raise_lineage, read_lineage, restore_cut_short
+from sidecar.restorefs import lineage_recorded, read_lineage, restore_cut_short, write_lineage
 from sidecar.retry import STARTUP_RETRY_SECONDS, reported_wait, retry_transient
 from sidecar.store.base import Store, StoreError
 
@@ -110,10 +109,6 @@ class Daemon:
         self.lineage = lineage_of(store, settings.namespace.path)
         self._built = False
         self._version_unrecorded = log.Once()  # roots whose record's version could not be raised
-        self._version_records = GroupCommit(self._write_version)
-        # one write of the roots' lineage records at a time, each with the lineage as it is then:
-        # a record never goes back to a lower version than one written before it
-        self._records = anyio.Lock()
 
     @property
     def known(self) -> StoreState:
@@ -232,7 +227,7 @@ class Daemon:
                       floor=start.stored_max_version, taken=start.taken, interval=s.heartbeat_interval,
                       store_url=s.store)
         self.writer = Writer(self.store, fence)
-        self.writer.on_version = self._version_records.cover
+        self.writer.on_version = self._raise_recorded_version
         self.takeover = TakeoverCheck(self.writer, self._relist_after_takeover)
         self.uploader = Uploader(self.writer, self.roots, self.ignore, start.known, concurrency=s.concurrency,
                                  max_file_size=s.max_file_size, snapshot_roots=self.snapshot_roots,
@@ -307,38 +302,35 @@ class Daemon:
                 if root.name in self.ledger.incomplete:
                     continue
                 if holds(await anyio.to_thread.run_sync(read_lineage, root), held, self.startup.marker_generation):
-                    async with self._records:
-                        await record_lineage(root, self.lineage)
+                    await record_lineage(root, self.lineage)
 
-    async def _write_version(self, version: int) -> None:
-        """Before a write at ``version`` is sent (``self._version_records.cover``): each root
-        recorded as this namespace's disk says the store may hold ``version``, so that a copy of
-        this disk taken before the write is older than the store once it lands (merged on a start,
-        never the truth). The writes sent while the records are rewritten wait for the next
-        rewrite, which covers them all. In a worker thread, not durable: a record lost to a power
-        cut only makes this disk merged."""
-        self.lineage = replace(self.lineage, version=max(version, self.lineage.version or 0))
+    def _raise_recorded_version(self, version: int) -> None:
+        """Before a write at ``version`` is sent: each root recorded as this namespace's disk says
+        the store may hold ``version``, so that a copy of this disk taken before the write is
+        older than the store once it lands (merged on a start, never the truth). On the event loop,
+        not durable: a record rewritten per write costs a few syscalls; one lost to a power cut
+        only makes this disk merged."""
+        if version <= (self.lineage.version or 0):
+            return
+        self.lineage = replace(self.lineage, version=version)
         ledger = self.ledger
-        async with self._records:
-            # chosen once the lock is ours: a due root recorded while we waited is rewritten too
-            roots = [root for root in self.roots if root.name not in ledger.lineage_due
-                     and root.name not in ledger.incomplete and root.name not in ledger.unproven]
-            failed = await anyio.to_thread.run_sync(raise_lineage, roots, self.lineage)
-        for root, e in failed:
-            # the next start merges this root: nothing is lost
-            if self._version_unrecorded.first(root.name):
-                log.warning("lineage_unrecorded", root=root.path, error=e.strerror or type(e).__name__,
-                            detail="the record's version could not be raised before a write: the next start "
-                                   "merges this disk with the store instead of taking it for the truth")
+        for root in self.roots:
+            if root.name in ledger.lineage_due or root.name in ledger.incomplete or root.name in ledger.unproven \
+                    or not lineage_recorded(root):
+                continue
+            try:
+                write_lineage(root, self.lineage, durable=False)
+            except OSError as e:  # the next start merges this root: nothing is lost
+                if self._version_unrecorded.first(root.name):
+                    log.warning("lineage_unrecorded", root=root.path, error=e.strerror or type(e).__name__,
+                                detail="the record's version could not be raised before a write: the next start "
+                                       "merges this disk with the store instead of taking it for the truth")
 
     async def _record_due(self, roots: list[Root]) -> None:
         """Record the lineage of the due roots that exist now, before anything of them is queued."""
         for root in roots:
-            if root.name not in self.ledger.lineage_due:
-                continue
-            async with self._records:
-                if await record_lineage(root, self.lineage) is not None:
-                    self.ledger.recorded(root.name)  # recorded, or it cannot be (logged; tried again next reconcile)
+            if root.name in self.ledger.lineage_due and await record_lineage(root, self.lineage) is not None:
+                self.ledger.recorded(root.name)  # recorded, or it cannot be (logged; tried again next reconcile)
 
     async def reconcile(self, roots: list[Root] | None = None, occasion: Occasion = Occasion.CHANGE) -> int:
         """Compare ``roots`` (all when None or empty) on disk with what the store is known to hold

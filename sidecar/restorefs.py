@@ -328,19 +328,6 @@ def write_lineage(root: Root, lineage: Lineage, durable: bool = True) -> None:
         os.close(dfd)
 
 
-def raise_lineage(roots: list[Root], lineage: Lineage) -> list[tuple[Root, OSError]]:
-    """Rewrite the record of each of ``roots`` that carries one with ``lineage`` (not durable:
-    a version raised before a write); the roots whose record could not be written, with why."""
-    failed = []
-    for root in roots:
-        try:
-            if lineage_recorded(root):
-                write_lineage(root, lineage, durable=False)
-        except OSError as e:
-            failed.append((root, e))
-    return failed
-
-
 def lineage_recorded(root: Root) -> bool:
     """Whether ``root`` carries a lineage record at all (a ``stat``: cheap enough for every
     reconcile; :func:`read_lineage` says whose it is)."""

@@ -17,7 +17,7 @@ Work that takes long before a write (reading and hashing a file, listing the sto
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import AsyncIterator, Awaitable, Callable
+from typing import AsyncIterator, Callable
 
 import anyio
 
@@ -37,9 +37,9 @@ class Writer:
         self.description = store.description
         #: set once a newer sidecar owns the namespace: nothing more is written
         self.fenced = anyio.Event()
-        #: awaited with each version before a write carrying it is sent (the daemon raises the
-        #: roots' lineage records with it: see sidecar.restorefs.Lineage)
-        self.on_version: Callable[[int], Awaitable[None]] = _nothing
+        #: told each version before a write carrying it is sent (the daemon raises the roots'
+        #: lineage records with it: see sidecar.restorefs.Lineage)
+        self.on_version: Callable[[int], None] = lambda version: None
 
     # -- the gate --------------------------------------------------------------------------
     @property
@@ -141,7 +141,11 @@ class Writer:
     def reserve_version(self) -> int:
         """A version for a write whose key must name it (a restore point's seq), taken now and
         given to :meth:`put` as ``version``; 0 without a fence or before the claim."""
-        return self._fence.next_version() if self._fence is not None else 0
+        return self._versioned(self._fence.next_version()) if self._fence is not None else 0
+
+    def _versioned(self, version: int) -> int:
+        self.on_version(version)
+        return version
 
     async def put(self, key: str, data: bytes | Source, meta: ObjectMeta, if_version: int | None = None, *,
                   expected: ObjectInfo | None = None, version: int | None = None) -> ObjectInfo:
@@ -151,9 +155,7 @@ class Writer:
         _refuse_marker(key)
         await self._prove()
         if version is None:
-            version = self._fence.next_version() if self._fence is not None else 0
-        if version:
-            await self.on_version(version)
+            version = self._versioned(self._fence.next_version()) if self._fence is not None else 0
         return await self._store.put(key, data, replace(meta, version=version), if_version=if_version, expected=expected)
 
     async def delete(self, key: str) -> None:
@@ -193,7 +195,3 @@ class Writer:
 def _refuse_marker(key: str) -> None:
     if key == OWNER_KEY:
         raise ValueError("the owner marker is written by the fence only")
-
-
-async def _nothing(version: int) -> None:
-    pass

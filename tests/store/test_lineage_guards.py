@@ -23,7 +23,6 @@ import pytest
 
 from sidecar.errors import EXIT_CONFIG
 from sidecar.marker import OWNER_KEY
-from sidecar.restorefs import read_lineage
 from sidecar.store.base import NotFound, ObjectMeta
 from support import disk_tree, write_atomic
 from tests.inprocess import InProcess, run_sync, settings_for
@@ -285,49 +284,3 @@ async def test_a_disk_filled_against_a_store_that_was_not_mounted_is_merged(tmp_
     await real.open()
     assert await stored(real) == {"ctx/A.json": b"A", "ctx/B.json": b"B", **more}
     await real.aclose()
-
-
-class RecordsAtEachPut:
-    """A store that notes, at each versioned put it is sent (before it lands), the version the
-    root's lineage record carries then."""
-
-    def __init__(self, store, root) -> None:
-        self.store = store
-        self.root = root
-        self.seen: list[tuple[str, int, int | None]] = []  # key, the put's version, the record's
-
-    def __getattr__(self, name: str):
-        return getattr(self.store, name)
-
-    async def put(self, key, data, meta, if_version=None, *, expected=None):
-        if key != OWNER_KEY and meta.version:
-            record = read_lineage(self.root)
-            self.seen.append((key, meta.version, record.version if record is not None else None))
-        return await self.store.put(key, data, meta, if_version, expected=expected)
-
-
-async def test_every_write_is_sent_after_the_record_says_the_store_may_hold_it(make_store, tmp_path):
-    """Forty files at once (the uploads run concurrently, their record raises grouped): each put,
-    when it is sent, finds the root's record at its version or above, so a copy of the disk taken
-    at any moment is older than the store once that put lands."""
-    work = tmp_path / "work"
-    (work / ROOT).mkdir(parents=True)
-    write_atomic(work / ROOT / "first.json", b"{}")  # a recorded root from the start
-    s, roots = settings_for(work, "unused", restore_point_interval=0.2, reconcile_interval=0)
-    [root] = [r for r in roots if r.name == ROOT]
-    store = RecordsAtEachPut(await make_store(""), root)
-    files = {f"ctx/{i}.json": str(i).encode() for i in range(40)}
-
-    async def host(_: InProcess) -> None:
-        for rel, data in files.items():
-            write_atomic(work / ROOT / rel, data)
-        with anyio.fail_after(30):
-            while not files.items() <= (await stored(store.store)).items():
-                await anyio.sleep(0.01)  # a poll's pace
-
-    assert await run_sync(InProcess(s, roots, store), host) == 0
-    puts = [(key, version, recorded) for key, version, recorded in store.seen if key.startswith(ROOT + "/")]
-    assert len(puts) >= len(files)
-    late = [(key, version, recorded) for key, version, recorded in store.seen
-            if recorded is None or recorded < version]
-    assert not late, f"sent before the record said the store may hold it: {late[:3]}"

@@ -28,8 +28,8 @@ LAYERS: list[tuple[str, set[str]]] = [
     ("mirroring", {"hints", "listing", "ops.namespaces", "points.writer", "snapshot", "watcher", "writer"}),
     ("store access", {"fence", "marker", "ops.sessionplan", "ops.verifyplan", "retry", "storeclient", "takeover"}),
     ("state and pure rules", {"health", "known", "plan", "points.format", "points.plan", "queue", "restore.plan"}),
-    ("foundation", {"config", "configtypes", "errors", "groupcommit", "localfs", "log", "metrics", "namespace", "paths",
-                    "platformenv", "restorefs", "store", "tarstream"}),
+    ("foundation", {"config", "configtypes", "errors", "localfs", "log", "metrics", "namespace", "paths", "platformenv",
+                    "restorefs", "store", "tarstream"}),
 ]
 
 
